@@ -1,0 +1,24 @@
+"""Snakemake adapter of the gather rule: see shardinfer.gather.run_gather."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
+snakemake = globals()["snakemake"]  # the job object injected by the script: directive
+
+from shardinfer.config import Settings  # noqa: E402
+from shardinfer.gather import run_gather  # noqa: E402
+from shardinfer.jobs import run_job  # noqa: E402
+
+settings = Settings.from_dict(snakemake.params.settings)
+run_job(
+    snakemake.log[0],
+    run_gather,
+    plan_path=snakemake.input.plan,
+    shard_paths=list(snakemake.input.shards),
+    inp=settings.input,
+    model=snakemake.params.settings["model"],
+    digest=snakemake.params.digest,
+    predictions=snakemake.output.predictions,
+    summary=snakemake.output.summary,
+)

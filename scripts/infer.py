@@ -1,0 +1,21 @@
+"""Snakemake adapter of the infer rule: see shardinfer.infer.run_shard."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
+snakemake = globals()["snakemake"]  # the job object injected by the script: directive
+
+from shardinfer.config import Settings  # noqa: E402
+from shardinfer.infer import ShardJob, run_shard  # noqa: E402
+from shardinfer.jobs import run_job  # noqa: E402
+
+job = ShardJob(
+    settings=Settings.from_dict(snakemake.params.settings),
+    plan_path=snakemake.input.plan,
+    shard=int(snakemake.wildcards.shard),
+    output=snakemake.output.shard,
+    digest=snakemake.params.digest,
+    threads=snakemake.threads,
+)
+run_job(snakemake.log[0], run_shard, job)

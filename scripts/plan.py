@@ -1,0 +1,14 @@
+"""Snakemake adapter of the plan rule: see shardinfer.plan.run_plan."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
+snakemake = globals()["snakemake"]  # the job object injected by the script: directive
+
+from shardinfer.config import Settings  # noqa: E402
+from shardinfer.jobs import run_job  # noqa: E402
+from shardinfer.plan import run_plan  # noqa: E402
+
+settings = Settings.from_dict(snakemake.params.settings)
+run_job(snakemake.log[0], run_plan, settings.input, settings.shards, snakemake.output.plan)

@@ -1,0 +1,34 @@
+import sys
+from pathlib import Path
+
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
+
+from shardinfer.config import check_settings, output_digest, settings_from_config
+from shardinfer.errors import UserError
+
+
+def load_settings(config):
+    """Validate the config (filling defaults) and check it against the file system, once."""
+    validate(config, "../schemas/config.schema.yaml")
+    try:
+        settings = settings_from_config(config)
+        check_settings(settings)
+    except UserError as error:
+        raise WorkflowError(f"ERROR: {error}") from None
+    return settings
+
+
+SETTINGS = load_settings(config)
+DIGEST = output_digest(SETTINGS)
+
+
+wildcard_constraints:
+    shard=r"\d+",
+
+
+def shard_files(wildcards=None):
+    """Every planned shard file, in shard order."""
+    return [f"results/shards/{i}.parquet" for i in range(SETTINGS.shards)]

@@ -1,0 +1,16 @@
+rule gather:
+    input:
+        plan=rules.plan.output.plan,
+        shards=shard_files(),
+    output:
+        predictions="results/predictions.parquet",
+        summary="results/summary.json",
+    log:
+        "logs/gather.log",
+    conda:
+        "../../envs/inference.yaml"
+    params:
+        settings=SETTINGS.to_dict(),
+        digest=DIGEST,
+    script:
+        "../../scripts/gather.py"

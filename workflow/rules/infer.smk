@@ -1,0 +1,20 @@
+rule infer:
+    input:
+        plan=rules.plan.output.plan,
+        table=SETTINGS.input.path,
+    output:
+        shard="results/shards/{shard}.parquet",
+    log:
+        "logs/infer/{shard}.log",
+    benchmark:
+        "logs/infer/{shard}.benchmark.tsv"
+    conda:
+        "../../envs/inference.yaml"
+    threads: 4
+    resources:
+        gpu=1,
+    params:
+        settings=SETTINGS.to_dict(),
+        digest=DIGEST,
+    script:
+        "../../scripts/infer.py"

@@ -1,0 +1,60 @@
+"""Files that appear complete or not at all: write beside the target, fsync, then rename.
+
+A job killed mid-write leaves only a `.<name>.partial` file, which no later step reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+def partial_path(path: Path) -> Path:
+    return path.parent / f".{path.name}.partial"
+
+
+def _commit(tmp: Path, path: Path) -> None:
+    with open(tmp, "rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path to write; on success it replaces `path`, on error it is removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = partial_path(path)
+    try:
+        yield tmp
+        _commit(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def atomic_parquet_writer(path: str | Path, schema: pa.Schema) -> Iterator[pq.ParquetWriter]:
+    """A ParquetWriter whose file only takes its final name once closed without error."""
+    with atomic_path(path) as tmp:
+        writer = pq.ParquetWriter(tmp, schema)
+        try:
+            yield writer
+        finally:
+            writer.close()
+
+
+def write_json_atomic(path: str | Path, data: dict) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=2) + "\n")

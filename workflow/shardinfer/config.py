@@ -1,0 +1,169 @@
+"""Settings parsed once from the validated config, and checks that need the file system.
+
+The Snakefile calls `settings_from_config` and `check_settings` when it loads, so a bad value is
+reported on the user's terminal before any job runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from shardinfer.errors import UserError
+from shardinfer.tasks import TASKS, output_columns
+
+PACKAGE_PREFIX = "pkg:"
+INPUT_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+INDEX_COLUMN = "index"
+IDENTITY_KEY = b"shardinfer"  # shard file metadata: the plan, range and settings it was made under
+STATS_KEY = b"shardinfer.stats"  # shard file metadata: rows, time, device, tokens
+
+
+@dataclass(frozen=True)
+class InputSettings:
+    path: str
+    format: str
+    text_column: str
+    keep_columns: tuple[str, ...]
+    null_text: str
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    path: str
+    adapter: str | None
+    task: str
+    max_length: int
+    dtype: str
+    trust_remote_code: bool
+    allow_pickle: bool
+    pooling: str
+    normalize: bool
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    max_tokens: int
+    max_rows: int
+    sort_window: int
+
+
+@dataclass(frozen=True)
+class Settings:
+    input: InputSettings
+    model: ModelSettings
+    batch: BatchSettings
+    shards: int
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Settings:
+        return cls(
+            input=InputSettings(**{**data["input"], "keep_columns": tuple(data["input"]["keep_columns"])}),
+            model=ModelSettings(**data["model"]),
+            batch=BatchSettings(**data["batch"]),
+            shards=int(data["shards"]),
+        )
+
+
+def settings_from_config(config: dict) -> Settings:
+    """Build settings from a config that the schema has validated and filled with defaults."""
+    inp, model, embed = config["input"], config["model"], config["embed"]
+    shards = config["shards"]
+    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+        raise UserError(f"config `shards` must be an integer >= 1; got {shards!r}")
+    return Settings(
+        input=InputSettings(
+            path=inp["path"],
+            format=detect_format(inp["path"]) if inp["format"] == "auto" else inp["format"],
+            text_column=inp["text_column"],
+            keep_columns=tuple(inp["keep_columns"]),
+            null_text=inp["null_text"],
+        ),
+        model=ModelSettings(
+            path=resolve_model_path(model["path"]),
+            adapter=model["adapter"],
+            task=model["task"],
+            max_length=model["max_length"],
+            dtype=model["dtype"],
+            trust_remote_code=model["trust_remote_code"],
+            allow_pickle=model["allow_pickle"],
+            pooling=embed["pooling"],
+            normalize=embed["normalize"],
+        ),
+        batch=BatchSettings(**config["batch"]),
+        shards=shards,
+    )
+
+
+def detect_format(path: str) -> str:
+    """Infer the input format from the extension, looking through a trailing .gz."""
+    suffixes = [s.lower() for s in Path(path).suffixes]
+    if suffixes and suffixes[-1] == ".gz":
+        suffixes = suffixes[:-1]
+    fmt = INPUT_FORMATS.get(suffixes[-1]) if suffixes else None
+    if fmt is None:
+        allowed = ", ".join(sorted(INPUT_FORMATS))
+        raise UserError(f"input `{path}`: unknown file type; allowed extensions: {allowed} (or set input.format)")
+    return fmt
+
+
+def resolve_model_path(path: str) -> str:
+    """Turn `pkg:<package>/<subdir>` into the directory inside the installed package."""
+    if not path.startswith(PACKAGE_PREFIX):
+        return path
+    package, _, subdir = path[len(PACKAGE_PREFIX) :].partition("/")
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError(f"model.path `{path}`: Python package `{package}` is not installed")
+    return str(Path(list(spec.submodule_search_locations)[0]) / subdir)
+
+
+def check_settings(settings: Settings) -> None:
+    """Checks that need the file system; each raises a one-line UserError."""
+    inp, model = settings.input, settings.model
+    if not Path(inp.path).is_file():
+        raise UserError(f"input.path `{inp.path}` does not exist (or is not a file)")
+    if inp.text_column in inp.keep_columns:
+        raise UserError(f"input.keep_columns: `{inp.text_column}` is the text column; it cannot be kept twice")
+    reserved = (INDEX_COLUMN, *output_columns(model.task))
+    for column in inp.keep_columns:
+        if column in reserved:
+            raise UserError(f"input.keep_columns: `{column}` clashes with an output column ({', '.join(reserved)})")
+    if len(set(inp.keep_columns)) != len(inp.keep_columns):
+        raise UserError(f"input.keep_columns lists a column twice: {list(inp.keep_columns)}")
+    if model.task not in TASKS:
+        raise UserError(f"model.task must be one of {', '.join(TASKS)}; got {model.task!r}")
+    if not (Path(model.path) / "config.json").is_file():
+        raise UserError(f"model.path `{model.path}` is not a Hugging Face model directory (no config.json there)")
+    if model.adapter is not None and not (Path(model.adapter) / "adapter_config.json").is_file():
+        raise UserError(f"model.adapter `{model.adapter}` is not a PEFT adapter directory (no adapter_config.json there)")
+
+
+def directory_fingerprint(path: str | None) -> list:
+    """Name, size and mtime of each file directly in a model or adapter directory."""
+    if path is None:
+        return []
+    return sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in Path(path).iterdir() if p.is_file())
+
+
+def output_digest(settings: Settings) -> str:
+    """A digest of everything that changes the predictions, model files included.
+
+    Stored in each shard file and passed as a rule param: a change reruns the shards, and gather
+    refuses a shard computed under other settings.
+    """
+    relevant = {
+        "input": {"text_column": settings.input.text_column, "keep_columns": settings.input.keep_columns,
+                  "null_text": settings.input.null_text},
+        "model": dataclasses.asdict(settings.model),
+        "model_files": directory_fingerprint(settings.model.path),
+        "adapter_files": directory_fingerprint(settings.model.adapter),
+    }
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=list).encode()).hexdigest()[:16]

@@ -1,0 +1,147 @@
+"""Gather: prove the shard files add up to the input, row for row, then concatenate them.
+
+The plan says what must exist. Nothing is written until every check holds: the input is
+unchanged and still has N rows, each planned shard file belongs to this plan and these settings,
+and its `index` column is exactly its planned range, in order. The output is then streamed
+row group by row group, so memory does not grow with the table.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from shardinfer.atomic import atomic_parquet_writer, write_json_atomic
+from shardinfer.config import IDENTITY_KEY, INDEX_COLUMN, STATS_KEY, InputSettings
+from shardinfer.errors import ProofError
+from shardinfer.plan import Plan, read_plan
+from shardinfer.tables import count_rows
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ShardFile:
+    shard: int
+    path: str
+    rows: int
+    schema: pa.Schema
+    stats: dict
+
+
+def describe_index_fault(index: np.ndarray, start: int, end: int) -> str:
+    """Say what is wrong with an index column that should be exactly start..end-1 in order."""
+    expected = np.arange(start, end, dtype=np.int64)
+    values, counts = np.unique(index, return_counts=True)
+    if (counts > 1).any():
+        return f"index {int(values[counts > 1][0])} appears {int(counts[counts > 1][0])} times"
+    missing = np.setdiff1d(expected, values)
+    if missing.size:
+        return f"row {int(missing[0])} is missing ({missing.size} missing, planned [{start}, {end}))"
+    extra = np.setdiff1d(values, expected)
+    if extra.size:
+        return f"row {int(extra[0])} is outside its planned range [{start}, {end})"
+    first = int(np.flatnonzero(index != expected)[0])
+    return f"rows out of order at position {first} (index {int(index[first])}, expected {start + first})"
+
+
+def _metadata(file: pq.ParquetFile, key: bytes) -> dict | None:
+    raw = (file.metadata.metadata or {}).get(key)
+    return json.loads(raw) if raw else None
+
+
+def prove_shard(plan: Plan, shard: int, path: str, digest: str) -> ShardFile:
+    """Check one shard file against its planned range; raise ProofError naming the fault."""
+    start, end = plan.ranges[shard]
+    where = f"shard {shard} (`{path}`)"
+    if not Path(path).is_file():
+        raise ProofError(f"{where}: file is missing; rerun its infer job")
+    try:
+        file = pq.ParquetFile(path)
+        identity, stats = _metadata(file, IDENTITY_KEY), _metadata(file, STATS_KEY) or {}
+        index = None
+        if identity is not None and INDEX_COLUMN in file.schema_arrow.names:
+            index = file.read(columns=[INDEX_COLUMN]).column(0)
+    except (pa.ArrowException, OSError, ValueError) as error:
+        raise ProofError(f"{where}: unreadable or truncated parquet ({str(error).splitlines()[0]})") from error
+    if identity is None or index is None:
+        raise ProofError(f"{where}: not a shard file of this workflow (no shard identity or `{INDEX_COLUMN}` column)")
+    if identity.get("plan_id") != plan.plan_id:
+        raise ProofError(f"{where}: made under another plan ({identity.get('plan_id')}, current {plan.plan_id}); rerun it")
+    if (identity.get("shard"), identity.get("start"), identity.get("end")) != (shard, start, end):
+        raise ProofError(f"{where}: holds shard {identity.get('shard')} [{identity.get('start')}, {identity.get('end')}), planned [{start}, {end})")
+    if identity.get("digest") != digest:
+        raise ProofError(f"{where}: made with other model or output settings ({identity.get('digest')}, current {digest}); rerun it")
+    if index.null_count:
+        raise ProofError(f"{where}: {index.null_count} null value(s) in `{INDEX_COLUMN}`")
+    values = index.to_numpy()
+    if values.size != end - start or not np.array_equal(values, np.arange(start, end)):
+        raise ProofError(f"{where}: {describe_index_fault(values, start, end)}")
+    return ShardFile(shard=shard, path=path, rows=int(values.size), schema=file.schema_arrow.remove_metadata(), stats=stats)
+
+
+def prove(plan: Plan, shard_paths: list[str], inp: InputSettings, digest: str) -> list[ShardFile]:
+    """Every proof that must hold before anything is written; returns the proven shards in order."""
+    plan.check_input_unchanged()
+    if len(shard_paths) != plan.shards:
+        raise ProofError(f"gather got {len(shard_paths)} shard files but the plan has {plan.shards} shards")
+    rows = count_rows(inp)
+    if rows != plan.rows:
+        raise ProofError(f"input `{inp.path}` now has {rows} rows, the plan {plan.rows}; rerun the plan")
+    shards = [prove_shard(plan, i, path, digest) for i, path in enumerate(shard_paths)]
+    for shard in shards[1:]:
+        if not shard.schema.equals(shards[0].schema):
+            raise ProofError(f"shard {shard.shard} (`{shard.path}`): columns {shard.schema} differ from shard 0's {shards[0].schema}")
+    total = sum(s.rows for s in shards)
+    if total != rows:
+        raise ProofError(f"shards hold {total} rows in all, the input {rows}")
+    return shards
+
+
+def write_predictions(shards: list[ShardFile], plan: Plan, digest: str, path: str) -> None:
+    """Concatenate proven shards in index order, one row group at a time."""
+    metadata = {IDENTITY_KEY: json.dumps({"plan_id": plan.plan_id, "digest": digest, "rows": plan.rows}).encode()}
+    schema = shards[0].schema.with_metadata(metadata)
+    with atomic_parquet_writer(path, schema) as writer:
+        for shard in shards:
+            file = pq.ParquetFile(shard.path)
+            for group in range(file.num_row_groups):
+                writer.write_table(file.read_row_group(group).replace_schema_metadata(metadata))
+
+
+def summarize(plan: Plan, shards: list[ShardFile], inp: InputSettings, model: dict) -> dict:
+    real = sum(s.stats.get("real_tokens", 0) for s in shards)
+    padded = sum(s.stats.get("padded_tokens", 0) for s in shards)
+    return {
+        "rows": plan.rows,
+        "shards": plan.shards,
+        "plan_id": plan.plan_id,
+        "input": inp.path,
+        "model": model,
+        "truncated": sum(s.stats.get("truncated", 0) for s in shards),
+        "padding_ratio": round(padded / real, 4) if real else None,
+        "per_shard": [
+            {"shard": s.shard, "start": plan.ranges[s.shard][0], "end": plan.ranges[s.shard][1], "rows": s.rows,
+             **{k: s.stats.get(k) for k in ("seconds", "device", "dtype", "truncated", "first_truncated_rows")}}
+            for s in shards
+        ],
+    }
+
+
+def run_gather(plan_path: str, shard_paths: list[str], inp: InputSettings, model: dict, digest: str,
+               predictions: str, summary: str) -> dict:
+    """The gather rule: prove, then write predictions and summary (both atomically)."""
+    plan = read_plan(plan_path)
+    shards = prove(plan, shard_paths, inp, digest)
+    log.info("proof holds: %d shards, %d rows, index 0..%d in order, input unchanged", plan.shards, plan.rows, plan.rows - 1)
+    write_predictions(shards, plan, digest, predictions)
+    report = summarize(plan, shards, inp, model)
+    write_json_atomic(summary, report)
+    log.info("wrote %s and %s", predictions, summary)
+    return report

@@ -1,0 +1,163 @@
+"""Reading the input table as a stream of record batches, whole or one contiguous range.
+
+Rows are numbered by their position in the file; that number is the `index` carried to the
+output. Every reader yields only the requested columns and never holds the whole table.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
+
+from shardinfer.config import InputSettings
+from shardinfer.errors import UserError
+
+BLOCK_BYTES = 1 << 22
+PARQUET_BATCH_ROWS = 8192
+NULLS_LISTED = 5
+
+
+@contextmanager
+def reading(path: str, fmt: str) -> Iterator[None]:
+    """Turn Arrow's read errors into one line that names the file and its format."""
+    try:
+        yield
+    except (pa.ArrowException, OSError, ValueError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UserError(f"input `{path}`: cannot read it as {fmt}: {first_line}") from error
+
+
+def _csv_batches(path: str, text_column: str) -> Iterator[pa.RecordBatch]:
+    reader = pacsv.open_csv(
+        path,
+        read_options=pacsv.ReadOptions(block_size=BLOCK_BYTES),
+        convert_options=pacsv.ConvertOptions(column_types={text_column: pa.string()}),
+    )
+    yield from reader
+
+
+def _jsonl_batches(path: str) -> Iterator[pa.RecordBatch]:
+    yield from pajson.open_json(path, read_options=pajson.ReadOptions(block_size=BLOCK_BYTES))
+
+
+def _parquet_batches(path: str, row_groups: list[int] | None = None) -> Iterator[pa.RecordBatch]:
+    yield from pq.ParquetFile(path).iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=row_groups)
+
+
+def column_names(inp: InputSettings) -> list[str]:
+    """The input's columns, read from its schema (or its first block for csv and jsonl)."""
+    with reading(inp.path, inp.format):
+        if inp.format == "parquet":
+            return pq.ParquetFile(inp.path).schema_arrow.names
+        if inp.format == "csv":
+            return pacsv.open_csv(inp.path, read_options=pacsv.ReadOptions(block_size=BLOCK_BYTES)).schema.names
+        return pajson.open_json(inp.path, read_options=pajson.ReadOptions(block_size=BLOCK_BYTES)).schema.names
+
+
+def _select(batch: pa.RecordBatch, inp: InputSettings) -> pa.RecordBatch:
+    columns = [inp.text_column, *inp.keep_columns]
+    return pa.RecordBatch.from_arrays([batch.column(c) for c in columns], names=columns)
+
+
+def iter_input(inp: InputSettings, row_groups: list[int] | None = None) -> Iterator[pa.RecordBatch]:
+    """All rows (or the given parquet row groups) as batches of the text and keep columns."""
+    with reading(inp.path, inp.format):
+        if inp.format == "parquet":
+            batches = _parquet_batches(inp.path, row_groups)
+        elif inp.format == "csv":
+            batches = _csv_batches(inp.path, inp.text_column)
+        else:
+            batches = _jsonl_batches(inp.path)
+        for batch in batches:
+            yield _select(batch, inp)
+
+
+def _parquet_groups_in_range(path: str, start: int, end: int) -> tuple[list[int], int]:
+    """Row groups overlapping [start, end) and the global row number of the first one."""
+    metadata = pq.ParquetFile(path).metadata
+    groups, first_row, offset = [], None, 0
+    for group in range(metadata.num_row_groups):
+        rows = metadata.row_group(group).num_rows
+        if offset < end and offset + rows > start:
+            groups.append(group)
+            first_row = offset if first_row is None else first_row
+        offset += rows
+    return groups, first_row or 0
+
+
+def iter_range(inp: InputSettings, start: int, end: int) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """Rows [start, end) as (global row number of the batch's first row, batch) pairs."""
+    if start >= end:
+        return
+    row_groups, offset = None, 0
+    if inp.format == "parquet":
+        with reading(inp.path, inp.format):
+            row_groups, offset = _parquet_groups_in_range(inp.path, start, end)
+    for batch in iter_input(inp, row_groups):
+        lo, hi = max(start, offset), min(end, offset + batch.num_rows)
+        if lo < hi:
+            yield lo, batch.slice(lo - offset, hi - lo)
+        offset += batch.num_rows
+        if offset >= end:
+            return
+
+
+@dataclass(frozen=True)
+class InputScan:
+    rows: int
+    null_texts: int
+    first_null_rows: tuple[int, ...]
+
+
+def _check_columns(inp: InputSettings) -> None:
+    names = column_names(inp)
+    for column in (inp.text_column, *inp.keep_columns):
+        if column not in names:
+            role = "text_column" if column == inp.text_column else "keep_columns"
+            raise UserError(f"input.{role}: column `{column}` is not in `{inp.path}`; its columns are: {', '.join(names)}")
+
+
+def _check_text_type(inp: InputSettings, text: pa.Array) -> None:
+    kind = text.type.value_type if pa.types.is_dictionary(text.type) else text.type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)):
+        raise UserError(f"input.text_column `{inp.text_column}` holds {text.type}, not text (strings) in `{inp.path}`")
+
+
+def scan_input(inp: InputSettings) -> InputScan:
+    """Count the rows and check every text value once, streaming; raises on anything unusable."""
+    _check_columns(inp)
+    rows, nulls, first_nulls = 0, 0, []
+    for batch in iter_input(inp):
+        text = batch.column(0)
+        if text.type != pa.null():
+            _check_text_type(inp, text)
+        if text.null_count:
+            positions = pc.indices_nonzero(text.is_null()).to_pylist()
+            nulls += len(positions)
+            first_nulls.extend(rows + p for p in positions[: NULLS_LISTED - len(first_nulls)])
+        rows += batch.num_rows
+    return InputScan(rows=rows, null_texts=nulls, first_null_rows=tuple(first_nulls))
+
+
+def count_rows(inp: InputSettings) -> int:
+    """The number of rows, from parquet metadata or by streaming through csv and jsonl."""
+    if inp.format == "parquet":
+        with reading(inp.path, inp.format):
+            return pq.ParquetFile(inp.path).metadata.num_rows
+    return sum(batch.num_rows for batch in iter_input(inp))
+
+
+def text_values(text: pa.Array, null_as_empty: bool) -> list[str]:
+    """Texts as Python strings; nulls become '' only where the config allows it."""
+    if pa.types.is_dictionary(text.type):
+        text = text.dictionary_decode()
+    if text.null_count and null_as_empty:
+        text = pc.fill_null(text.cast(pa.string()), "")
+    return text.to_pylist()
