@@ -20,7 +20,11 @@ from typing import IO, Callable, Mapping
 
 log = logging.getLogger(__name__)
 
-SCHEDULER_JOB_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID")
+# Set inside a batch job that was given devices; Snakemake's Slurm plugin strips most SLURM_*
+# variables from a rule's job but keeps the GPU ones.
+SCHEDULER_JOB_VARS = (
+    "SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE", "SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID",
+)
 LOCK_DIR_VAR = "SHARDINFER_GPU_LOCK_DIR"
 WAIT_VAR = "SHARDINFER_GPU_WAIT_S"
 NOTICE_EVERY_S = 60.0
