@@ -6,9 +6,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
 snakemake = globals()["snakemake"]  # the job object injected by the script: directive
 
-from shardinfer.config import Settings  # noqa: E402
+from shardinfer.config import InputSettings  # noqa: E402
 from shardinfer.jobs import run_job  # noqa: E402
 from shardinfer.plan import run_plan  # noqa: E402
 
-settings = Settings.from_dict(snakemake.params.settings)
-run_job(snakemake.log[0], run_plan, settings.input, settings.shards, snakemake.output.plan)
+params = snakemake.params
+run_job(snakemake.log[0], run_plan, InputSettings.from_dict(params.input), params.shards, snakemake.output.plan,
+        params.shard_dir)

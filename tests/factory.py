@@ -38,10 +38,9 @@ class TinyModels:
 def bert_config(**extra):
     from transformers import BertConfig
 
-    return BertConfig(
-        vocab_size=len(WORDS) + 7, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=37, max_position_embeddings=MAX_POSITIONS, **extra,
-    )
+    shape = dict(vocab_size=len(WORDS) + 7, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                 intermediate_size=37, max_position_embeddings=MAX_POSITIONS)
+    return BertConfig(**{**shape, **extra})
 
 
 def save_tokenizer(path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from factory import input_frame, input_settings, write_input
 from shardinfer.config import IDENTITY_KEY, BatchSettings, ModelSettings, Settings
-from shardinfer.errors import ProofError
+from shardinfer.errors import ProofError, UserError
 from shardinfer.gather import run_gather
 from shardinfer.infer import ShardJob, run_shard
 from shardinfer.plan import run_plan
@@ -29,7 +29,7 @@ def shards(models, tmp_path_factory):
     run_plan(inp, SHARDS, str(root / "plan.json"))
     paths = []
     for shard in range(SHARDS):
-        paths.append(str(root / f"{shard}.parquet"))
+        paths.append(str(root / "shards" / f"{shard}.parquet"))
         run_shard(ShardJob(settings, str(root / "plan.json"), shard, paths[-1], DIGEST))
     return root, inp, paths
 
@@ -50,7 +50,8 @@ def tampered(paths, tmp_path, shard, change):
             identity = json.loads(file_metadata[IDENTITY_KEY])
             table, identity = change(table, identity)
             file_metadata = {**file_metadata, IDENTITY_KEY: json.dumps(identity).encode()}
-        copies.append(str(tmp_path / f"{i}.parquet"))
+        copies.append(str(tmp_path / "shards" / f"{i}.parquet"))
+        (tmp_path / "shards").mkdir(exist_ok=True)
         writer = pq.ParquetWriter(copies[-1], table.schema.remove_metadata())
         writer.write_table(table.replace_schema_metadata(None))
         writer.add_key_value_metadata({k: v for k, v in file_metadata.items() if k != b"ARROW:schema"})
@@ -129,3 +130,46 @@ def test_a_file_that_is_not_a_shard(shards, tmp_path):
     pq.write_table(pa.table({"index": pc.cast(pa.array(range(14)), pa.int64())}), tmp_path / "0.parquet")
     paths[0] = str(tmp_path / "0.parquet")
     assert_refused(shards, paths, r"shard 0 .*: not a shard file of this workflow")
+
+
+def test_stray_file_in_the_shard_folder(shards, tmp_path):
+    copies = tampered(shards[2], tmp_path, 0, lambda table, identity: (table, identity))
+    (tmp_path / "shards" / ".1.parquet.partial").write_bytes(b"a killed job's leftover is not a shard")
+    (tmp_path / "shards" / "7.parquet").write_bytes(b"")
+    assert_refused(shards, copies, r"stray file `.*/shards/7.parquet` in the shard folder is not part of the plan")
+    (tmp_path / "shards" / "7.parquet").unlink()
+    root, inp, _ = shards
+    assert gather(root, inp, copies)["rows"] == ROWS
+    for name in ("predictions.parquet", "summary.json"):
+        (root / "out" / name).unlink()
+
+
+def test_out_of_memory_splits_the_batch_down_to_one_row(monkeypatch):
+    import numpy as np
+    import torch
+
+    from shardinfer.config import BatchSettings
+    from shardinfer.infer import Counters, predict_window
+
+    class Encoder:
+        def encode(self, texts):
+            return [[1] * len(t) for t in texts], []
+
+        def tensors(self, ids, device):
+            return ids
+
+    class Task:
+        calls = []
+
+        def predict(self, ids):
+            self.calls.append(len(ids))
+            if len(ids) > 2 or any(len(row) == 7 for row in ids):
+                raise torch.OutOfMemoryError("simulated")
+            return {"n": np.array([len(row) for row in ids])}
+
+    texts = ["x" * n for n in (1, 2, 3, 4, 5, 6)]
+    results, _ = predict_window(Task(), Encoder(), texts, 100, BatchSettings(1000, 8, 8), torch.device("cpu"), Counters())
+    assert results["n"].tolist() == [1, 2, 3, 4, 5, 6]
+    assert max(Task.calls) == 6 and 1 in Task.calls
+    with pytest.raises(UserError, match=r"row 102 \(7 tokens\) does not fit in device memory even alone"):
+        predict_window(Task(), Encoder(), ["a", "b", "x" * 7], 100, BatchSettings(1000, 8, 8), torch.device("cpu"), Counters())

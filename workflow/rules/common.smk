@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -6,14 +7,20 @@ from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 
-from shardinfer.config import check_settings, output_digest, settings_from_config
+from shardinfer.config import (
+    check_settings,
+    output_digest,
+    schema_errors,
+    settings_from_config,
+)
 from shardinfer.errors import UserError
 
 
 def load_settings(config):
     """Validate the config (filling defaults) and check it against the file system, once."""
-    validate(config, "../schemas/config.schema.yaml")
     try:
+        schema_errors(config, workflow.source_path("../schemas/config.schema.yaml"))
+        validate(config, "../schemas/config.schema.yaml")
         settings = settings_from_config(config)
         check_settings(settings)
     except UserError as error:
@@ -29,6 +36,9 @@ wildcard_constraints:
     shard=r"\d+",
 
 
+SHARD_FILE = "results/shards/{shard}.parquet"
+
+
 def shard_files(wildcards=None):
     """Every planned shard file, in shard order."""
-    return [f"results/shards/{i}.parquet" for i in range(SETTINGS.shards)]
+    return expand(SHARD_FILE, shard=range(SETTINGS.shards))

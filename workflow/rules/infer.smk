@@ -3,7 +3,7 @@ rule infer:
         plan=rules.plan.output.plan,
         table=SETTINGS.input.path,
     output:
-        shard="results/shards/{shard}.parquet",
+        shard=SHARD_FILE,
     log:
         "logs/infer/{shard}.log",
     benchmark:

@@ -8,6 +8,8 @@ rule plan:
     conda:
         "../../envs/inference.yaml"
     params:
-        settings=SETTINGS.to_dict(),
+        input=SETTINGS.to_dict()["input"],
+        shards=SETTINGS.shards,
+        shard_dir=os.path.dirname(SHARD_FILE),
     script:
         "../../scripts/plan.py"

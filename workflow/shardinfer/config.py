@@ -31,6 +31,10 @@ class InputSettings:
     keep_columns: tuple[str, ...]
     null_text: str
 
+    @classmethod
+    def from_dict(cls, data: dict) -> InputSettings:
+        return cls(**{**data, "keep_columns": tuple(data["keep_columns"])})
+
 
 @dataclass(frozen=True)
 class ModelSettings:
@@ -65,11 +69,24 @@ class Settings:
     @classmethod
     def from_dict(cls, data: dict) -> Settings:
         return cls(
-            input=InputSettings(**{**data["input"], "keep_columns": tuple(data["input"]["keep_columns"])}),
+            input=InputSettings.from_dict(data["input"]),
             model=ModelSettings(**data["model"]),
             batch=BatchSettings(**data["batch"]),
             shards=int(data["shards"]),
         )
+
+
+def schema_errors(config: dict, schema_path: str) -> None:
+    """Refuse a config the schema rejects, in one line naming the key, the value and what is allowed."""
+    import jsonschema
+    import yaml
+
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(config), key=lambda e: list(e.absolute_path))
+    if errors:
+        error = errors[0]
+        key = ".".join(str(part) for part in error.absolute_path) or "(top level)"
+        raise UserError(f"config `{key}`: {error.message}")
 
 
 def settings_from_config(config: dict) -> Settings:
@@ -142,8 +159,22 @@ def check_settings(settings: Settings) -> None:
         raise UserError(f"model.task must be one of {', '.join(TASKS)}; got {model.task!r}")
     if not (Path(model.path) / "config.json").is_file():
         raise UserError(f"model.path `{model.path}` is not a Hugging Face model directory (no config.json there)")
+    limit = model_length_limit(model.path)
+    if limit is not None and model.max_length > limit:
+        raise UserError(f"model.max_length {model.max_length} is above the model's limit of {limit} tokens; use 1..{limit}")
     if model.adapter is not None and not (Path(model.adapter) / "adapter_config.json").is_file():
         raise UserError(f"model.adapter `{model.adapter}` is not a PEFT adapter directory (no adapter_config.json there)")
+
+
+def model_length_limit(path: str) -> int | None:
+    """The longest input the model takes: its tokenizer's model_max_length or its position table."""
+    limits = []
+    for name, key in (("tokenizer_config.json", "model_max_length"), ("config.json", "max_position_embeddings")):
+        file = Path(path) / name
+        value = json.loads(file.read_text()).get(key) if file.is_file() else None
+        if isinstance(value, int) and 0 < value < 1_000_000:
+            limits.append(value)
+    return min(limits) if limits else None
 
 
 def directory_fingerprint(path: str | None) -> list:

@@ -86,6 +86,15 @@ def prove_shard(plan: Plan, shard: int, path: str, digest: str) -> ShardFile:
     return ShardFile(shard=shard, path=path, rows=int(values.size), schema=file.schema_arrow.remove_metadata(), stats=stats)
 
 
+def refuse_stray_files(shard_paths: list[str]) -> None:
+    """Anything in the shard folder that the plan did not ask for (a job's `.partial` leftover aside)."""
+    planned = {Path(p).resolve() for p in shard_paths}
+    for folder in sorted({path.parent for path in planned}):
+        for entry in sorted(folder.iterdir()):
+            if entry.resolve() not in planned and not (entry.name.startswith(".") and entry.name.endswith(".partial")):
+                raise ProofError(f"stray file `{entry}` in the shard folder is not part of the plan; remove it")
+
+
 def prove(plan: Plan, shard_paths: list[str], inp: InputSettings, digest: str) -> list[ShardFile]:
     """Every proof that must hold before anything is written; returns the proven shards in order."""
     plan.check_input_unchanged()
@@ -95,6 +104,7 @@ def prove(plan: Plan, shard_paths: list[str], inp: InputSettings, digest: str) -
     if rows != plan.rows:
         raise ProofError(f"input `{inp.path}` now has {rows} rows, the plan {plan.rows}; rerun the plan")
     shards = [prove_shard(plan, i, path, digest) for i, path in enumerate(shard_paths)]
+    refuse_stray_files(shard_paths)
     for shard in shards[1:]:
         if not shard.schema.equals(shards[0].schema):
             raise ProofError(f"shard {shard.shard} (`{shard.path}`): columns {shard.schema} differ from shard 0's {shards[0].schema}")

@@ -22,6 +22,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+# Files that carry a tokenizer's vocabulary; without one, transformers builds an empty tokenizer.
+VOCABULARY_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model",
+                    "sentencepiece.bpe.model")
+HEAD_MODULES = ("classifier", "score")  # what sequence-classification models name their head
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -57,8 +61,12 @@ def check_weight_files(directory: str, allow_pickle: bool, what: str) -> None:
 
 
 def load_tokenizer(settings: ModelSettings):
+    """The model directory's own tokenizer; never one made up from the config alone."""
     from transformers import AutoTokenizer
 
+    present = [p.name for p in Path(settings.path).iterdir() if p.name in VOCABULARY_FILES or p.suffix == ".tiktoken"]
+    if not present:
+        raise UserError(f"model.path `{settings.path}`: no tokenizer there (none of {', '.join(VOCABULARY_FILES)})")
     try:
         return AutoTokenizer.from_pretrained(
             settings.path, local_files_only=True, trust_remote_code=settings.trust_remote_code
@@ -91,7 +99,7 @@ def load_model(settings: ModelSettings, auto_class, dtype: torch.dtype, device: 
     missing = set(info.get("missing_keys", ()))
     keys: set[str] = set()
     if settings.adapter is not None:
-        model, keys = apply_adapter(model, settings)
+        model, keys = apply_adapter(model, settings, missing)
     return LoadedModel(model=model.to(device=device, dtype=dtype).eval(), missing_keys=missing, adapter_keys=keys)
 
 
@@ -103,11 +111,40 @@ def adapter_weight_keys(adapter: str) -> set[str]:
         return set(handle.keys())
 
 
-def apply_adapter(model, settings: ModelSettings):
+def adapter_shape_fault(model, adapter: str, head_keys: set[str]) -> str | None:
+    """Compare the adapter's tensors with the model's before peft loads them, to say what is wrong."""
+    path = Path(adapter) / "adapter_model.safetensors"
+    if not path.is_file():
+        return None
+    params = dict(model.named_parameters())
+    with safe_open(str(path), framework="pt") as handle:
+        for key in handle.keys():
+            name = key.removeprefix("base_model.model.")
+            shape = tuple(handle.get_slice(key).get_shape())
+            module, _, kind = name.partition(".lora_")
+            if kind:  # lora_A: (r, in_features); lora_B: (out_features, r)
+                weight = params.get(f"{module}.weight")
+                if weight is None:
+                    return f"it adapts `{module}`, which the model does not have (an adapter for another base model?)"
+                want, got = (weight.shape[1], shape[1]) if kind.startswith("A") else (weight.shape[0], shape[0])
+                if want != got:
+                    return f"`{module}` has width {want} in the model but {got} in the adapter (an adapter for another base model?)"
+            elif name in params and tuple(params[name].shape) != shape:
+                if name in head_keys or name.split(".")[0] in HEAD_MODULES:
+                    return (f"its classifier `{name}` has {shape[0]} labels, the model's config {params[name].shape[0]}; "
+                            "set num_labels/id2label in the model's config.json to the adapter's")
+                return f"`{name}` has shape {tuple(params[name].shape)} in the model but {shape} in the adapter (another base model?)"
+    return None
+
+
+def apply_adapter(model, settings: ModelSettings, head_keys: set[str]):
     """Load the PEFT adapter on top of `model`; merge it into the weights when peft can."""
     from peft import PeftModel
 
     check_weight_files(settings.adapter, settings.allow_pickle, "model.adapter")
+    fault = adapter_shape_fault(model, settings.adapter, head_keys)
+    if fault:
+        raise UserError(f"model.adapter `{settings.adapter}` does not fit `{settings.path}`: {fault}")
     try:
         peft_model = PeftModel.from_pretrained(model, settings.adapter, is_trainable=False)
     except (OSError, ValueError, RuntimeError, KeyError) as error:

@@ -110,9 +110,24 @@ def read_plan(path: str) -> Plan:
     )
 
 
-def run_plan(inp: InputSettings, shards: int, plan_path: str) -> Plan:
+def remove_stale_shards(shard_dir: str, shards: int) -> list[str]:
+    """Delete shard files numbered beyond the new plan: they belong to an earlier plan.
+
+    Files of shards the new plan has are remade by Snakemake (the plan is newer than they are).
+    """
+    folder = Path(shard_dir)
+    stale = [p for p in folder.glob("*.parquet") if p.stem.isdigit() and int(p.stem) >= shards] if folder.is_dir() else []
+    for path in stale:
+        path.unlink()
+        log.info("removed %s, a shard of an earlier plan", path)
+    return [str(p) for p in stale]
+
+
+def run_plan(inp: InputSettings, shards: int, plan_path: str, shard_dir: str | None = None) -> Plan:
     """The plan rule: scan, cut, write; logs the ranges."""
     plan = make_plan(inp, shards)
+    if shard_dir is not None:
+        remove_stale_shards(shard_dir, shards)
     write_plan(plan, plan_path)
     sizes = [e - s for s, e in plan.ranges]
     log.info("planned %d rows of %s into %d shards (sizes %d..%d), plan %s",

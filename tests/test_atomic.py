@@ -1,0 +1,68 @@
+"""A shard file appears complete or not at all: a failed write or a kill at any point leaves
+nothing under the final name, and never replaces a good file with a broken one."""
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from shardinfer.atomic import atomic_parquet_writer, partial_path
+
+WORKFLOW = os.path.join(os.path.dirname(__file__), "..", "workflow")
+SCHEMA = pa.schema([("index", pa.int64())])
+KILLER = """
+import os, signal, sys
+sys.path.insert(0, {workflow!r})
+import pyarrow as pa
+from shardinfer import atomic
+point = {point!r}
+die = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+if point == "rename":
+    atomic.os.replace = die
+with atomic.atomic_parquet_writer({path!r}, pa.schema([("index", pa.int64())])) as writer:
+    if point == "before-first-write":
+        die()
+    writer.write_table(pa.table({{"index": list(range(1000))}}))
+    if point == "mid-write":
+        die()
+    writer.write_table(pa.table({{"index": list(range(1000, 2000))}}))
+"""
+
+
+@pytest.mark.parametrize("point", ["before-first-write", "mid-write", "rename"])
+def test_a_kill_at_any_point_leaves_no_complete_looking_file(tmp_path, point):
+    path = tmp_path / "3.parquet"
+    code = KILLER.format(workflow=WORKFLOW, point=point, path=str(path))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True)
+    assert result.returncode == -signal.SIGKILL
+    assert not path.exists()
+    assert partial_path(path).exists()  # the leftover's name says it is partial; the rerun replaces it
+
+
+def test_disk_full_leaves_neither_file_and_keeps_the_old_one(tmp_path, monkeypatch):
+    path = tmp_path / "0.parquet"
+    pq.write_table(pa.table({"index": [7]}), path)
+
+    def full(self, table, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", full)
+    with pytest.raises(OSError, match="No space left on device"):
+        with atomic_parquet_writer(path, SCHEMA) as writer:
+            writer.write_table(pa.table({"index": [1, 2]}))
+    assert not partial_path(path).exists()
+    monkeypatch.undo()
+    assert pq.read_table(path).column("index").to_pylist() == [7]
+
+
+def test_a_successful_write_is_complete(tmp_path):
+    path = tmp_path / "1.parquet"
+    with atomic_parquet_writer(path, SCHEMA) as writer:
+        writer.write_table(pa.table({"index": [1, 2]}))
+    assert pq.read_table(path).column("index").to_pylist() == [1, 2]
+    assert not partial_path(path).exists()
