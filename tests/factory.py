@@ -126,13 +126,18 @@ def workflow_config(input_path, model_path, task="classify", shards=1, adapter=N
     return config
 
 
-def run_workflow(workdir: Path, config: dict, *args: str) -> subprocess.CompletedProcess:
-    """`snakemake -s <repo>/Snakefile` in `workdir`, the way a user runs it from their own folder."""
+def prepare_workdir(workdir: Path, config: dict, *args: str) -> tuple[list[str], dict]:
+    """Write the config into `workdir`; return the user's command and environment for it."""
     (workdir / "config").mkdir(parents=True, exist_ok=True)
     (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config))
     command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "2",
                "--set-threads", "infer=1", *args]
-    env = {**os.environ, "SHARDINFER_GPU_LOCK_DIR": str(workdir / ".gpu-locks")}
+    return command, {**os.environ, "SHARDINFER_GPU_LOCK_DIR": str(workdir / ".gpu-locks")}
+
+
+def run_workflow(workdir: Path, config: dict, *args: str) -> subprocess.CompletedProcess:
+    """`snakemake -s <repo>/Snakefile` in `workdir`, the way a user runs it from their own folder."""
+    command, env = prepare_workdir(workdir, config, *args)
     return subprocess.run(command, cwd=workdir, capture_output=True, text=True, env=env, timeout=900)
 
 

@@ -1,0 +1,169 @@
+"""Faults injected into real `snakemake` runs; after each, the same command finishes the table
+and it equals an undisturbed run row for row, or the run is refused with nothing written."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import reference
+from factory import input_frame, prepare_workdir, read_predictions, run_workflow, workflow_config, write_input
+from test_workflow import assert_refused, assert_same_rows, run_ok
+
+BIG = {"batch": {"max_tokens": 512, "max_rows": 32, "sort_window": 256}}
+
+
+def start_workflow(workdir: Path, config: dict) -> subprocess.Popen:
+    """The same command as run_workflow, in the background and its own process group."""
+    command, env = prepare_workdir(workdir, config)
+    return subprocess.Popen(command, cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def wait_for_log(workdir: Path, text: str, timeout: float = 240) -> Path:
+    """The first shard log that contains `text`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for log in sorted((workdir / "logs" / "infer").glob("*.log")):
+            if text in log.read_text(errors="replace"):
+                return log
+        time.sleep(0.05)
+    raise AssertionError(f"no shard log said {text!r} within {timeout} s")
+
+
+def pid_writing(log: Path) -> int:
+    """The process that holds `log` open: the shard job writing it."""
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            if any(os.readlink(fd) == str(log.resolve()) for fd in fd_dir.iterdir()):
+                return int(fd_dir.parent.name)
+        except OSError:
+            continue
+    raise AssertionError(f"no process writes {log}")
+
+
+@pytest.fixture(scope="module")
+def undisturbed(models, tmp_path_factory):
+    """A 3-shard run long enough (12,000 rows) to be killed in the middle of a shard."""
+    workdir = tmp_path_factory.mktemp("undisturbed")
+    path = write_input(input_frame(12000, seed=11), workdir / "data" / "input.parquet")
+    config = workflow_config(path, models.classifier, shards=3, **BIG)
+    return path, config, run_ok(workdir, config)
+
+
+def shard_mtimes(workdir: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in (workdir / "results" / "shards").glob("*.parquet")}
+
+
+@pytest.mark.parametrize("moment", ["device:", "rows "])
+def test_kill_a_shard_job_then_rerun(undisturbed, tmp_path, moment):
+    path, config, expected = undisturbed
+    running = start_workflow(tmp_path, config)
+    log = wait_for_log(tmp_path, moment)  # "device:" is before the first write; "rows " is mid-shard
+    os.kill(pid_writing(log), signal.SIGKILL)
+    assert running.wait(timeout=300) != 0
+    killed = log.stem
+    assert not (tmp_path / "results" / "shards" / f"{killed}.parquet").exists()
+    assert not (tmp_path / "results" / "predictions.parquet").exists()
+    before = shard_mtimes(tmp_path)
+    assert_same_rows(run_ok(tmp_path, config), expected, float_columns={"probs"})
+    after = shard_mtimes(tmp_path)
+    assert all(after[name] == mtime for name, mtime in before.items())  # finished shards were not rerun
+    assert set(after) == {"0.parquet", "1.parquet", "2.parquet"}
+
+
+def test_kill_the_whole_snakemake_process_group_then_rerun(undisturbed, tmp_path):
+    _, config, expected = undisturbed
+    running = start_workflow(tmp_path, config)
+    wait_for_log(tmp_path, "rows ")
+    os.killpg(running.pid, signal.SIGKILL)
+    running.wait()
+    result = run_workflow(tmp_path, config)
+    shown = result.stdout + result.stderr
+    if "--unlock" in shown:  # a killed snakemake leaves its lock; Snakemake says how to lift it
+        assert run_workflow(tmp_path, config, "--unlock").returncode == 0
+        result = run_workflow(tmp_path, config)
+        shown = result.stdout + result.stderr
+    if result.returncode != 0:
+        assert "--rerun-incomplete" in shown, shown[-3000:]
+        result = run_workflow(tmp_path, config, "--rerun-incomplete")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert_same_rows(read_predictions(tmp_path), expected, float_columns={"probs"})
+
+
+@pytest.fixture
+def finished(models, tmp_path):
+    path = write_input(input_frame(50, seed=2), tmp_path / "data" / "input.csv")
+    config = workflow_config(path, models.classifier, shards=3)
+    run_ok(tmp_path, config)
+    return path, config
+
+
+def test_a_truncated_shard_is_refused_and_the_old_table_removed(finished, tmp_path):
+    _, config = finished
+    shard = tmp_path / "results" / "shards" / "1.parquet"
+    shard.write_bytes(shard.read_bytes()[:200])
+    result = run_workflow(tmp_path, config)
+    assert_refused(result, tmp_path, "ERROR", "shard 1", "unreadable or truncated parquet")
+
+
+def test_a_stray_file_is_refused(finished, tmp_path):
+    _, config = finished
+    (tmp_path / "results" / "shards" / "notes.parquet").write_text("not ours")
+    result = run_workflow(tmp_path, config, "--forcerun", "gather")
+    assert_refused(result, tmp_path, "stray file", "notes.parquet", "not part of the plan")
+
+
+def test_changed_input_is_replanned(finished, tmp_path, models):
+    path, config = finished
+    frame = input_frame(64, seed=9)
+    write_input(frame, path)
+    got = run_ok(tmp_path, config)
+    label_ids, probs = reference.classify(models.classifier, frame["text"].tolist(), max_length=32)
+    assert got["index"].tolist() == list(range(64)) and got["label_id"].tolist() == label_ids.tolist()
+    np.testing.assert_allclose(np.stack(got["probs"]), probs, atol=1e-5)
+
+
+def test_changed_model_settings_rerun_every_shard(finished, tmp_path, models):
+    path, config = finished
+    before = shard_mtimes(tmp_path)
+    config["model"]["max_length"] = 8
+    got = run_ok(tmp_path, config)
+    assert all(shard_mtimes(tmp_path)[name] != mtime for name, mtime in before.items())
+    frame = input_frame(50, seed=2)
+    _, probs = reference.classify(models.classifier, frame["text"].tolist(), max_length=8)
+    np.testing.assert_allclose(np.stack(got["probs"]), probs, atol=1e-5)
+
+
+def test_fewer_shards_remove_the_earlier_plans_files(finished, tmp_path):
+    _, config = finished
+    config["shards"] = 2
+    got = run_ok(tmp_path, config)
+    assert sorted(shard_mtimes(tmp_path)) == ["0.parquet", "1.parquet"]
+    assert got["index"].tolist() == list(range(50))
+
+
+def test_shell_syntax_in_paths_is_only_a_name(models, tmp_path):
+    frame = input_frame(7)
+    path = write_input(frame, tmp_path / "data" / "in put;$(touch PWNED)`touch PWNED2`'x.csv")
+    got = run_ok(tmp_path, workflow_config(path, models.classifier, shards=2))
+    assert got["id"].tolist() == frame["id"].tolist()
+    assert not list(tmp_path.rglob("PWNED*"))
+
+
+def test_null_texts_are_reported_on_the_terminal(models, tmp_path):
+    frame = input_frame(30)
+    frame.loc[[4, 17], "text"] = None
+    path = write_input(frame, tmp_path / "data" / "input.parquet")
+    result = run_workflow(tmp_path, workflow_config(path, models.classifier, shards=2))
+    assert_refused(result, tmp_path, "input.text_column `text` is null in 2 row(s) (first: 4, 17)")
+    config = workflow_config(path, models.classifier, shards=2, input={"null_text": "empty"})
+    got = run_ok(tmp_path, config)
+    label_ids, _ = reference.classify(models.classifier, frame["text"].fillna("").tolist(), max_length=32)
+    assert got["label_id"].tolist() == label_ids.tolist()
