@@ -5,12 +5,13 @@ import os
 
 import pytest
 
-from factory import input_frame, workflow_config, write_input
+from factory import REPO, input_frame, workflow_config, write_input
 from shardinfer.config import (
     check_settings,
     detect_format,
     output_digest,
     resolve_model_path,
+    schema_errors,
     settings_from_config,
 )
 from shardinfer.errors import UserError
@@ -84,3 +85,28 @@ def test_digest_follows_output_settings_and_model_files(tmp_path, models):
     stat = weights.stat()
     os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
     assert output_digest(settings(tmp_path, models)) != base
+
+
+SCHEMA = str(REPO / "workflow" / "schemas" / "config.schema.yaml")
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"shards": 0}, r"config `shards`: 0 is less than the minimum of 1"),
+        ({"shards": "4"}, r"config `shards`: '4' is not of type 'integer'"),
+        ({"model": {"path": "m", "task": "clasify"}}, r"config `model.task`: 'clasify' is not one of \['classify', 'embed'\]"),
+        ({"model": {"path": "m", "max_length": 0}}, r"config `model.max_length`: 0 is less than the minimum of 1"),
+        ({"input": {"path": "x", "format": "xlsx"}}, r"config `input.format`: 'xlsx' is not one of"),
+        ({"colour": "red"}, r"config `\(top level\)`: Additional properties are not allowed \('colour' was unexpected\)"),
+    ],
+)
+def test_schema_errors_name_key_value_and_allowed(change, message):
+    config = {"input": {"path": "in.csv"}, "model": {"path": "m"}, **change}
+    with pytest.raises(UserError, match=message):
+        schema_errors(config, SCHEMA)
+
+
+def test_max_length_above_the_models_limit(tmp_path, models):
+    with pytest.raises(UserError, match=r"model.max_length 100 is above the model's limit of 64 tokens; use 1..64"):
+        check_settings(settings(tmp_path, models, model={"max_length": 100}))

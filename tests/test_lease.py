@@ -94,3 +94,15 @@ def test_user_restricted_devices_are_the_pool(tmp_path):
 def test_no_gpu_means_cpu(tmp_path, env):
     lease = acquire_device(env=env, lock_dir=tmp_path, count_gpus=lambda: 0)
     assert (lease.visible, lease.source) == ("", "none")
+
+
+def test_a_multi_gpu_allocation_is_shared_out_not_piled_on_one_device(tmp_path):
+    env = {"CUDA_VISIBLE_DEVICES": "0,1", "SLURM_JOB_ID": "77"}
+    first = acquire_device(env=env, lock_dir=tmp_path, count_gpus=lambda: 8)
+    second = acquire_device(env=env, lock_dir=tmp_path, count_gpus=lambda: 8)
+    assert (first.visible, second.visible) == ("0", "1") and first.source == "lease"
+    assert (tmp_path / "job-77").is_dir()  # another allocation's device 0 is another GPU
+    other = acquire_device(env={**env, "SLURM_JOB_ID": "78"}, lock_dir=tmp_path, count_gpus=lambda: 8)
+    assert other.visible == "0"
+    for lease in (first, second, other):
+        lease.release()

@@ -2,6 +2,7 @@
 
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -84,3 +85,51 @@ def test_trust_remote_code_stays_off(models, tmp_path, monkeypatch):
     monkeypatch.setattr(AutoModelForSequenceClassification, "from_pretrained", spy)
     load_classifier(model_settings(models.classifier))
     assert seen["trust_remote_code"] is False and seen["use_safetensors"] is True and seen["local_files_only"] is True
+
+
+def test_cls_pooling_takes_the_first_real_token_under_left_padding():
+    from shardinfer.tasks.embed import pool
+
+    hidden = torch.arange(2 * 3 * 1, dtype=torch.float32).reshape(2, 3, 1)
+    mask = torch.tensor([[1, 1, 1], [0, 0, 1]])
+    assert pool(hidden, mask, "cls").flatten().tolist() == [0.0, 5.0]
+    assert pool(hidden, mask, "mean").flatten().tolist() == [1.0, 5.0]
+
+
+def test_pad_token_settles_on_one_id_for_tokenizer_and_model():
+    from types import SimpleNamespace
+
+    from shardinfer.models import settle_pad_token
+
+    model = SimpleNamespace(config=SimpleNamespace(pad_token_id=None))
+    tokenizer = SimpleNamespace(pad_token_id=None, eos_token_id=151643)
+    assert settle_pad_token(tokenizer, model) == 151643 and model.config.pad_token_id == 151643
+    tokenizer = SimpleNamespace(pad_token_id=None, eos_token_id=2)
+    assert settle_pad_token(tokenizer, SimpleNamespace(config=SimpleNamespace(pad_token_id=7))) == 7
+
+
+@pytest.mark.parametrize("padding_side", ["right", "left"])
+def test_decoder_classifier_batched_equals_unbatched(models, tmp_path, padding_side):
+    """A Qwen2-shape classifier reads its logit at each row's last real token, whatever the padding."""
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForSequenceClassification
+
+    from factory import texts
+    from shardinfer.config import BatchSettings
+    from shardinfer.infer import Counters, Encoder, predict_window
+    from shardinfer.models import LoadedModel, settle_pad_token
+
+    tokenizer = AutoTokenizer.from_pretrained(models.classifier)
+    tokenizer.padding_side = padding_side
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=1, intermediate_size=37, num_labels=3, pad_token_id=None)
+    model = Qwen2ForSequenceClassification(config).eval()
+    task = load_task("classify")(LoadedModel(model, set(), set()), model_settings(models.classifier))
+    pad_id = settle_pad_token(tokenizer, model)
+    rows = texts(40, seed=4)
+    with torch.inference_mode():
+        got, _ = predict_window(task, Encoder(tokenizer, 32, pad_id), rows, 0, BatchSettings(256, 16, 64),
+                                torch.device("cpu"), Counters())
+        want = [torch.softmax(model(**tokenizer(t, truncation=True, max_length=32, return_tensors="pt")).logits[0], -1)
+                for t in rows]
+    np.testing.assert_allclose(got["probs"], torch.stack(want).numpy(), atol=1e-5)

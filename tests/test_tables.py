@@ -53,3 +53,11 @@ def test_corrupt_parquet_is_one_line(tmp_path):
     with pytest.raises(UserError, match=r"cannot read it as parquet") as caught:
         scan_input(settings_for(path))
     assert "\n" not in str(caught.value)
+
+
+def test_csv_columns_are_kept_as_written(tmp_path):
+    path = tmp_path / "in.csv"
+    path.write_text('zip,text\n02139,"a, quoted\nnewline"\nabc,plain\n')
+    batch = next(iter_range(settings_for(path, keep_columns=("zip",)), 0, 2))[1]
+    assert batch.column("zip").to_pylist() == ["02139", "abc"]
+    assert batch.column("text").to_pylist() == ["a, quoted\nnewline", "plain"]

@@ -7,6 +7,8 @@ rule gather:
         summary="results/summary.json",
     log:
         "logs/gather.log",
+    benchmark:
+        "logs/gather.benchmark.tsv"
     conda:
         "../../envs/inference.yaml"
     params:

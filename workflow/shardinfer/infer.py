@@ -22,7 +22,7 @@ from shardinfer.batching import length_sorted_batches, pad_batch, padding_ratio
 from shardinfer.config import IDENTITY_KEY, INDEX_COLUMN, STATS_KEY, BatchSettings, Settings
 from shardinfer.errors import UserError
 from shardinfer.lease import Lease, acquire_device, default_wait_s
-from shardinfer.models import choose_device, choose_dtype, load_model, load_tokenizer
+from shardinfer.models import choose_device, choose_dtype, load_model, load_tokenizer, settle_pad_token
 from shardinfer.plan import Plan, read_plan
 from shardinfer.tables import iter_input, iter_range, text_values
 from shardinfer.tasks import load_task
@@ -73,15 +73,16 @@ def windows(batches: Iterator[tuple[int, pa.RecordBatch]], size: int) -> Iterato
 class Encoder:
     """Tokenizes without padding; counts texts cut at max_length."""
 
-    def __init__(self, tokenizer, max_length: int) -> None:
+    def __init__(self, tokenizer, max_length: int, pad_id: int) -> None:
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.with_token_types = "token_type_ids" in tokenizer.model_input_names
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.pad_id = pad_id
         self.left = tokenizer.padding_side == "left"
 
     def encode(self, texts: list[str]) -> tuple[list[list[int]], list[int]]:
         ids = self.tokenizer(texts, truncation=True, max_length=self.max_length, add_special_tokens=True)["input_ids"]
+        ids = [row or [self.pad_id] for row in ids]  # tokenizers without special tokens give [] for ""
         at_limit = [i for i, row in enumerate(ids) if len(row) >= self.max_length]
         truncated = []
         if at_limit:
@@ -171,10 +172,12 @@ def start_runtime(settings: Settings, lease: Lease, threads: int) -> Runtime:
     loaded_at = time.perf_counter()
     task_class = load_task(settings.model.task)
     tokenizer = load_tokenizer(settings.model)
-    task = task_class(load_model(settings.model, task_class.auto_class, dtype, device), settings.model)
+    loaded = load_model(settings.model, task_class.auto_class, dtype, device)
+    pad_id = settle_pad_token(tokenizer, loaded.model)
+    task = task_class(loaded, settings.model)
     adapter = f" + adapter {settings.model.adapter}" if settings.model.adapter else ""
     log.info("loaded %s%s in %.1f s", settings.model.path, adapter, time.perf_counter() - loaded_at)
-    encoder = Encoder(tokenizer, settings.model.max_length)
+    encoder = Encoder(tokenizer, settings.model.max_length, pad_id)
     return Runtime(task, encoder, device, where, str(dtype).replace("torch.", ""))
 
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Mapping
 
+from shardinfer.errors import UserError
+
 log = logging.getLogger(__name__)
 
 # Set inside a batch job that was given devices; Snakemake's Slurm plugin strips most SLURM_*
@@ -30,7 +32,7 @@ WAIT_VAR = "SHARDINFER_GPU_WAIT_S"
 NOTICE_EVERY_S = 60.0
 
 
-class LeaseTimeout(RuntimeError):
+class LeaseTimeout(UserError):
     """No device became free within the allowed wait."""
 
 
@@ -81,8 +83,19 @@ def candidate_devices(env: Mapping[str, str], count_gpus: Callable[[], int]) -> 
 
 
 def scheduler_assigned(env: Mapping[str, str]) -> bool:
-    """True inside a batch-scheduler job that was given its devices (e.g. Slurm's --gpus)."""
-    return "CUDA_VISIBLE_DEVICES" in env and any(var in env for var in SCHEDULER_JOB_VARS)
+    """True inside a batch-scheduler job that was given exactly one device (Slurm's --gpus=1).
+
+    A job given several (snakemake itself running inside one multi-GPU allocation) still leases
+    among them, so that its concurrent shard jobs spread over the devices.
+    """
+    given = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return len(given) == 1 and any(var in env for var in SCHEDULER_JOB_VARS)
+
+
+def allocation_lock_dir(lock_dir: Path, env: Mapping[str, str]) -> Path:
+    """Schedulers number an allocation's devices from 0: keep each allocation's locks apart."""
+    job = next((env[v] for v in ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID") if v in env), None)
+    return lock_dir / f"job-{re.sub(r'[^A-Za-z0-9_.-]', '_', job)}" if job else lock_dir
 
 
 def _try_lock(lock_dir: Path, device: str) -> IO | None:
@@ -119,7 +132,7 @@ def acquire_device(
     if not devices:
         log.info("device: no GPU found; running on CPU")
         return Lease(visible="", source="none")
-    lock_dir = lock_dir or default_lock_dir()
+    lock_dir = allocation_lock_dir(lock_dir or default_lock_dir(), env)
     lock_dir.mkdir(parents=True, exist_ok=True)
     started, last_notice = time.monotonic(), None
     while True:

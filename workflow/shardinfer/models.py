@@ -75,6 +75,21 @@ def load_tokenizer(settings: ModelSettings):
         raise UserError(f"model.path `{settings.path}`: no usable tokenizer there ({_first_line(error)})") from error
 
 
+def settle_pad_token(tokenizer, model) -> int:
+    """One pad id for tokenizer and model alike.
+
+    Decoder classifiers find each row's last real token by comparing input_ids with the model
+    config's pad_token_id, so padding with any other id would read the wrong position.
+    """
+    config = model.config
+    for candidate in (tokenizer.pad_token_id, getattr(config, "pad_token_id", None), tokenizer.eos_token_id, 0):
+        if candidate is not None:
+            break
+    if getattr(config, "pad_token_id", None) is None:
+        config.pad_token_id = candidate
+    return int(candidate)
+
+
 @dataclass
 class LoadedModel:
     model: torch.nn.Module
@@ -122,18 +137,34 @@ def adapter_shape_fault(model, adapter: str, head_keys: set[str]) -> str | None:
             name = key.removeprefix("base_model.model.")
             shape = tuple(handle.get_slice(key).get_shape())
             module, _, kind = name.partition(".lora_")
-            if kind:  # lora_A: (r, in_features); lora_B: (out_features, r)
-                weight = params.get(f"{module}.weight")
-                if weight is None:
-                    return f"it adapts `{module}`, which the model does not have (an adapter for another base model?)"
-                want, got = (weight.shape[1], shape[1]) if kind.startswith("A") else (weight.shape[0], shape[0])
-                if want != got:
-                    return f"`{module}` has width {want} in the model but {got} in the adapter (an adapter for another base model?)"
+            if kind.startswith(("A.", "B.")):  # lora_A: (r, in_features); lora_B: (out_features, r)
+                fault = lora_width_fault(model, module, kind, shape)
+                if fault:
+                    return fault
+            elif kind:
+                continue
             elif name in params and tuple(params[name].shape) != shape:
                 if name in head_keys or name.split(".")[0] in HEAD_MODULES:
                     return (f"its classifier `{name}` has {shape[0]} labels, the model's config {params[name].shape[0]}; "
                             "set num_labels/id2label in the model's config.json to the adapter's")
                 return f"`{name}` has shape {tuple(params[name].shape)} in the model but {shape} in the adapter (another base model?)"
+    return None
+
+
+def lora_width_fault(model, module: str, kind: str, shape: tuple) -> str | None:
+    try:
+        target = model.get_submodule(module)
+    except AttributeError:
+        return f"it adapts `{module}`, which the model does not have (an adapter for another base model?)"
+    if hasattr(target, "in_features"):
+        widths = (target.in_features, target.out_features)
+    elif type(target).__name__ == "Conv1D":  # GPT-2 style: weight is (in, out)
+        widths = tuple(target.weight.shape)
+    else:
+        return None
+    want, got = (widths[0], shape[1]) if kind.startswith("A.") else (widths[1], shape[0])
+    if want != got:
+        return f"`{module}` has width {want} in the model but {got} in the adapter (an adapter for another base model?)"
     return None
 
 

@@ -34,11 +34,12 @@ def reading(path: str, fmt: str) -> Iterator[None]:
         raise UserError(f"input `{path}`: cannot read it as {fmt}: {first_line}") from error
 
 
-def _csv_batches(path: str, text_column: str) -> Iterator[pa.RecordBatch]:
+def _csv_batches(path: str, columns: list[str]) -> Iterator[pa.RecordBatch]:
+    """CSV has no types: read the columns as the strings they are ("02139" stays "02139")."""
     reader = pacsv.open_csv(
         path,
         read_options=pacsv.ReadOptions(block_size=BLOCK_BYTES),
-        convert_options=pacsv.ConvertOptions(column_types={text_column: pa.string()}),
+        convert_options=pacsv.ConvertOptions(column_types={c: pa.string() for c in columns}, include_columns=columns),
     )
     yield from reader
 
@@ -47,8 +48,8 @@ def _jsonl_batches(path: str) -> Iterator[pa.RecordBatch]:
     yield from pajson.open_json(path, read_options=pajson.ReadOptions(block_size=BLOCK_BYTES))
 
 
-def _parquet_batches(path: str, row_groups: list[int] | None = None) -> Iterator[pa.RecordBatch]:
-    yield from pq.ParquetFile(path).iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=row_groups)
+def _parquet_batches(path: str, columns: list[str], row_groups: list[int] | None = None) -> Iterator[pa.RecordBatch]:
+    yield from pq.ParquetFile(path).iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=row_groups, columns=columns)
 
 
 def column_names(inp: InputSettings) -> list[str]:
@@ -68,11 +69,12 @@ def _select(batch: pa.RecordBatch, inp: InputSettings) -> pa.RecordBatch:
 
 def iter_input(inp: InputSettings, row_groups: list[int] | None = None) -> Iterator[pa.RecordBatch]:
     """All rows (or the given parquet row groups) as batches of the text and keep columns."""
+    columns = [inp.text_column, *inp.keep_columns]
     with reading(inp.path, inp.format):
         if inp.format == "parquet":
-            batches = _parquet_batches(inp.path, row_groups)
+            batches = _parquet_batches(inp.path, columns, row_groups)
         elif inp.format == "csv":
-            batches = _csv_batches(inp.path, inp.text_column)
+            batches = _csv_batches(inp.path, columns)
         else:
             batches = _jsonl_batches(inp.path)
         for batch in batches:

@@ -13,17 +13,13 @@ from shardinfer.tasks.base import Task as BaseTask
 from shardinfer.tasks.base import matrix_to_list_array
 
 
-def _module_of(key: str) -> str:
-    return key.rsplit(".", 1)[0]
-
-
 def untrained_head(loaded: LoadedModel) -> list[str]:
     """Head weights missing from the checkpoint and not supplied by the adapter either.
 
     Such weights were freshly initialised at random; predictions would be silently random.
     """
-    supplied = {part for key in loaded.adapter_keys for part in key.split(".")}
-    return sorted(key for key in loaded.missing_keys if _module_of(key).split(".")[-1] not in supplied)
+    supplied = {key.removeprefix("base_model.model.") for key in loaded.adapter_keys}
+    return sorted(key for key in loaded.missing_keys if key not in supplied)
 
 
 class Task(BaseTask):

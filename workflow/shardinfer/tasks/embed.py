@@ -12,9 +12,9 @@ from shardinfer.tasks.base import matrix_to_list_array
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tensor:
-    """One vector per row: `mean` averages the unmasked positions, `cls` takes the first one."""
+    """One vector per row: `mean` averages the unmasked positions, `cls` takes the first real one."""
     if pooling == "cls":
-        return hidden[:, 0]
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), mask.argmax(dim=1)]
     weights = mask.unsqueeze(-1).to(hidden.dtype)
     return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
 

