@@ -42,7 +42,8 @@ def main() -> None:
 
     config = factory.workflow_config(path, models.classifier, shards=args.shards,
                                      batch={"max_tokens": 8192, "max_rows": 256, "sort_window": 16384})
-    result = timed(f"workflow, {args.rows} rows, {args.shards} shards", factory.run_workflow, args.workdir / "run", config)
+    run = lambda: factory.run_workflow(args.workdir / "run", config, timeout=4 * 3600)  # noqa: E731
+    result = timed(f"workflow, {args.rows} rows, {args.shards} shards", run)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     table = factory.read_predictions(args.workdir / "run")
     assert table["index"].tolist() == list(range(args.rows)) and table["id"].tolist() == frame["id"].tolist()

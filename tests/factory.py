@@ -135,10 +135,10 @@ def prepare_workdir(workdir: Path, config: dict, *args: str) -> tuple[list[str],
     return command, {**os.environ, "SHARDINFER_GPU_LOCK_DIR": str(workdir / ".gpu-locks")}
 
 
-def run_workflow(workdir: Path, config: dict, *args: str) -> subprocess.CompletedProcess:
+def run_workflow(workdir: Path, config: dict, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     """`snakemake -s <repo>/Snakefile` in `workdir`, the way a user runs it from their own folder."""
     command, env = prepare_workdir(workdir, config, *args)
-    return subprocess.run(command, cwd=workdir, capture_output=True, text=True, env=env, timeout=900)
+    return subprocess.run(command, cwd=workdir, capture_output=True, text=True, env=env, timeout=timeout)
 
 
 def read_predictions(workdir: Path) -> pd.DataFrame:
