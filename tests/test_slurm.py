@@ -1,0 +1,364 @@
+"""The Slurm profile against a real Slurm: every shard is its own `sbatch` job on its own GPU, a
+shard killed mid-run is resubmitted by `--retries`, and a cancelled shard is finished by rerunning
+the same command; each time the table is checked row by row.
+
+The module's fixture starts a single-node Slurm with tests/slurm/start-slurm (Debian packages,
+installed when missing; 4 fake GPUs) and stops it at the end if it started it. Without root or
+apt-get, or when Slurm does not come up, the tests are skipped, unless CI=true: then they fail, so
+CI cannot skip them silently. SHARDINFER_SLURM_TESTS=0 skips them on purpose (not under CI=true).
+
+The workflow runs with a copy of profiles/slurm that changes only what this small node forces:
+one CPU per shard job (the node has 2) and 1 GB of memory per job (sbatch refuses a --mem larger
+than the node), and, to keep CI short, a first status check after 2 s instead of 5. The GPUs are
+fake, so CUDA sees none and the jobs run on CPU, but Slurm allocates and exports them as it would
+real ones. The three scenarios' first runs start together (see `scenarios`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+import reference
+from factory import input_frame, read_predictions, workflow_config, write_input
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO / "tests" / "slurm"
+ATOL = 1e-5
+RUN_TIMEOUT_S = 420
+CANCEL_GRACE_S = 5  # a plugin that notices a cancelled job ends the run within its next status checks
+
+
+def _cannot_run(reason: str):
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"Slurm tests cannot run: {reason}. CI=true, so this fails instead of skipping.", pytrace=False)
+    pytest.skip(f"Slurm tests skipped: {reason}")
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    """A running single-node Slurm (started here unless it already runs)."""
+    if os.environ.get("SHARDINFER_SLURM_TESTS") == "0":
+        _cannot_run("SHARDINFER_SLURM_TESTS=0")
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        _cannot_run("they start Slurm's daemons, which needs Linux and root")
+    if shutil.which("sbatch") is None and shutil.which("apt-get") is None:
+        _cannot_run("Slurm is not installed and there is no apt-get to install it")
+    if importlib.util.find_spec("snakemake_executor_plugin_slurm") is None:
+        _cannot_run("snakemake-executor-plugin-slurm is missing (pip install -r requirements-slurm.txt)")
+    try:
+        start = subprocess.run([str(SCRIPTS / "start-slurm")], capture_output=True, text=True, timeout=900)
+    except subprocess.TimeoutExpired as error:
+        _cannot_run(f"tests/slurm/start-slurm took over {error.timeout:.0f} s")
+    if start.returncode != 0:
+        _cannot_run(f"tests/slurm/start-slurm exited {start.returncode}:\n{start.stdout[-2000:]}{start.stderr[-3000:]}")
+    started = start.stdout.strip().endswith("slurm: started")
+    yield
+    if started:
+        stop = subprocess.run([str(SCRIPTS / "stop-slurm")], capture_output=True, text=True, timeout=300)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory) -> Path:
+    """profiles/slurm as shipped, but for this node: 1 CPU and 1 GB per job; and quicker polling."""
+    config = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    assert config["executor"] == "slurm" and "retries" not in config
+    config["set-threads"]["infer"] = 1
+    # Polling cadence only, to keep CI short: first status check 2 s after submission, not 5.
+    config["slurm-init-seconds-before-status-checks"] = 2
+    config["default-resources"]["mem_mb"] = 1000
+    for resources in config["set-resources"].values():
+        resources["mem_mb"] = 1000
+    folder = tmp_path_factory.mktemp("profile")
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    return folder
+
+
+@dataclass
+class Case:
+    workdir: Path
+    frame: pd.DataFrame
+    shards: int
+
+
+def make_case(models, workdir: Path, rows: int, shards: int, seed: int) -> Case:
+    frame = input_frame(rows, seed=seed)
+    path = write_input(frame, workdir / "data" / "input.parquet")
+    (workdir / "config").mkdir(parents=True, exist_ok=True)
+    config = workflow_config(path, models.classifier, shards=shards)
+    (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config))
+    return Case(workdir, frame, shards)
+
+
+class Run:
+    """`snakemake -s <repo>/Snakefile --profile <profile>` in the case's folder, as a user runs it;
+    its terminal output goes to a file beside it, readable while it runs."""
+
+    def __init__(self, case: Case, profile: Path, *args: str):
+        runs = sorted(case.workdir.glob("snakemake-*.out"))
+        self.out = case.workdir / f"snakemake-{len(runs)}.out"
+        command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--profile", str(profile), *args]
+        with self.out.open("w") as handle:
+            self.process = subprocess.Popen(command, cwd=case.workdir, stdout=handle, stderr=subprocess.STDOUT)
+
+    def output(self) -> str:
+        return self.out.read_text()
+
+    def interrupt(self) -> None:
+        """Ctrl-C: Snakemake cancels the Slurm jobs it still waits for, then exits."""
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def wait(self, timeout_s: float = RUN_TIMEOUT_S) -> tuple[int, str, str]:
+        """(exit status, terminal output, the run's ID: the name of all its Slurm jobs)."""
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.interrupt()
+            raise AssertionError(f"snakemake ran over {timeout_s:.0f} s:\n{self.output()[-6000:]}") from None
+        output = self.output()
+        found = re.search(r"SLURM run ID: (\S+)", output)
+        assert found, output[-6000:]
+        return self.process.returncode, output, found.group(1)
+
+
+def run(case: Case, profile: Path, *args: str) -> tuple[int, str, str]:
+    return Run(case, profile, *args).wait()
+
+
+def wait_until(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout_s:.0f} s for {what}"
+        time.sleep(0.2)
+
+
+def sacct(run_id: str) -> list[dict]:
+    """The run's jobs as Slurm accounted them (the plugin names every job of a run after its run ID)."""
+    fields = ["JobID", "JobName", "State", "ExitCode", "AllocTRES", "Comment", "WorkDir"]
+    command = ["sacct", "-X", "--parsable2", "--noheader", "--starttime", "now-1days", f"--format={','.join(fields)}",
+               "--name", run_id]
+    for _ in range(20):  # slurmctld reports to slurmdbd asynchronously
+        lines = subprocess.run(command, capture_output=True, text=True, check=True).stdout.splitlines()
+        jobs = [dict(zip(fields, line.split("|"))) for line in lines if line]
+        if jobs and all(not job["State"].startswith(("PENDING", "RUNNING")) for job in jobs):
+            return jobs
+        time.sleep(0.5)
+    return jobs
+
+
+def jobs_of(jobs: list[dict], rule: str, shard: int | None = None) -> list[dict]:
+    comment = f"rule_{rule}" if shard is None else f"rule_{rule}_wildcards_{shard}"
+    return [job for job in jobs if job["Comment"] == comment]
+
+
+class ShardWatcher(threading.Thread):
+    """Waits until shard `shard`'s Slurm job of `workdir` runs the shard's own code (its log says which
+    device it runs on), then does `action(jobid)` once."""
+
+    def __init__(self, workdir: Path, shard: int, action, timeout_s: float = RUN_TIMEOUT_S):
+        super().__init__(daemon=True)
+        self.workdir, self.shard, self.action, self.timeout_s = workdir.resolve(), shard, action, timeout_s
+        self.jobid: str | None = None
+        self.error: str | None = None
+
+    def running_job(self) -> str | None:
+        out = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i|%k|%Z"], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            jobid, comment, workdir = line.split("|", 2)
+            if comment == f"rule_infer_wildcards_{self.shard}" and Path(workdir).resolve() == self.workdir:
+                return jobid
+        return None
+
+    def run(self) -> None:
+        log = self.workdir / "logs" / "infer" / f"{self.shard}.log"
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            jobid = log.exists() and "running on" in log.read_text() and self.running_job()
+            if jobid:
+                self.jobid = jobid
+                try:
+                    self.action(jobid)
+                except Exception as error:  # reported by the test
+                    self.error = repr(error)
+                return
+            time.sleep(0.1)
+        self.error = f"shard {self.shard}'s job never ran"
+
+
+def assert_table_is_right(case: Case, models):
+    """Row i of the final table is input row i with the model's own prediction, computed locally."""
+    got = read_predictions(case.workdir)
+    label_ids, probs = reference.classify(models.classifier, case.frame["text"].tolist(), max_length=32)
+    rows = len(case.frame)
+    assert list(got.columns) == ["index", "id", "gold", "label", "label_id", "probs"]
+    assert got["index"].tolist() == list(range(rows))
+    assert got["id"].tolist() == case.frame["id"].tolist()
+    assert got["gold"].tolist() == case.frame["gold"].tolist()
+    assert got["label_id"].tolist() == label_ids.tolist()
+    assert got["label"].tolist() == [["negative", "neutral", "positive"][i] for i in label_ids]
+    np.testing.assert_allclose(np.stack(got["probs"]), probs, atol=ATOL)
+
+
+def scheduler_device(case: Case, shard: int) -> str:
+    """The device the shard's log says the scheduler gave it."""
+    log = (case.workdir / "logs" / "infer" / f"{shard}.log").read_text()
+    found = re.search(r"device: CUDA_VISIBLE_DEVICES=(\S*), given by the scheduler", log)
+    assert found, f"shard {shard} did not take the scheduler's device:\n{log}"
+    return found.group(1)
+
+
+def kill_shard_step(jobid: str) -> None:
+    """SIGKILL to the job's step 0, which runs the rule (what the kernel's OOM killer or a crash
+    does): the step dies, the job fails."""
+    subprocess.run(["scancel", "--signal=KILL", f"{jobid}.0"], check=True)
+
+
+def cancel_job(jobid: str) -> None:
+    subprocess.run(["scancel", jobid], check=True)
+
+
+@dataclass
+class Scenario:
+    case: Case
+    run: Run
+    watcher: ShardWatcher | None
+
+
+@pytest.fixture(scope="module")
+def scenarios(slurm, profile, models, tmp_path_factory) -> dict[str, Scenario]:
+    """The first run of each test below, all started at once: their jobs share the node's 2 CPUs
+    (Slurm queues what does not fit) and their waits between status checks overlap, so the module
+    takes about half as long as running them one after another. Each test waits for its own."""
+
+    def start(name: str, rows: int, shards: int, seed: int, args=(), fault=None) -> Scenario:
+        case = make_case(models, tmp_path_factory.mktemp(name), rows=rows, shards=shards, seed=seed)
+        watcher = ShardWatcher(case.workdir, shard=1, action=fault) if fault else None
+        scenario = Scenario(case, Run(case, profile, *args), watcher)
+        if watcher:
+            watcher.start()
+        return scenario
+
+    # The cancel scenario first: it reruns afterwards, so its jobs should not queue behind the others'.
+    started = {
+        "cancel": start("cancel", rows=30, shards=2, seed=13, fault=cancel_job),
+        "retry": start("retry", rows=30, shards=2, seed=12, args=("--retries", "1"), fault=kill_shard_step),
+        "jobs": start("jobs", rows=40, shards=3, seed=11),
+    }
+    yield started
+    for scenario in started.values():  # a test that failed early may leave its run going
+        if scenario.run.process.poll() is None:
+            scenario.run.interrupt()
+
+
+# First in the file, so that pytest runs it first: its scenario ends with a second run, which should
+# overlap with the other scenarios' runs rather than follow them.
+def test_a_cancelled_shard_is_finished_by_rerunning_the_same_command(scenarios, profile, models):
+    """`scancel` on shard 1's running job; shard 0 finishes; the run is stopped without a table;
+    the same command again runs only shard 1, then gather.
+
+    The plugin (2.8.0) reads sacct's `CANCELLED by <uid>` as still running, so Snakemake would
+    wait for ever: the test stops it with Ctrl-C, as the README tells users to. (A plugin that
+    notices the cancellation ends the run by itself; stopping it changes nothing then.)"""
+    scenario = scenarios["cancel"]
+    case, watcher, first = scenario.case, scenario.watcher, scenario.run
+    watcher.join(timeout=RUN_TIMEOUT_S)
+    assert watcher.error is None and watcher.jobid, watcher.error
+    wait_until(lambda: "(Rule: infer)" in first.output() or first.process.poll() is not None, RUN_TIMEOUT_S,
+               "Snakemake to record shard 0")
+    try:
+        first.process.wait(timeout=CANCEL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        first.interrupt()
+    status, output, first_run = first.wait()
+    assert status != 0, output[-6000:]
+    results = case.workdir / "results"
+    assert not (results / "predictions.parquet").exists()
+    assert not (results / "shards" / "1.parquet").exists()
+    assert (results / "shards" / "0.parquet").exists()
+
+    status, output, second_run = run(case, profile)
+    assert status == 0, output[-6000:]
+    assert_table_is_right(case, models)
+
+    first_jobs, second_jobs = sacct(first_run), sacct(second_run)
+    assert [(job["JobID"], job["State"].split()[0]) for job in jobs_of(first_jobs, "infer", 1)] == [
+        (watcher.jobid, "CANCELLED")]
+    assert [job["State"] for job in jobs_of(first_jobs, "infer", 0)] == ["COMPLETED"]
+    # the rerun ran the cancelled shard and gather only: nothing was done twice
+    assert sorted(job["Comment"] for job in second_jobs) == ["rule_gather", "rule_infer_wildcards_1"], second_jobs
+    assert all(job["State"] == "COMPLETED" for job in second_jobs), second_jobs
+
+
+def test_every_shard_is_its_own_slurm_job_on_its_own_gpu(scenarios, models):
+    case = scenarios["jobs"].case
+    status, output, run_id = scenarios["jobs"].run.wait()
+    assert status == 0, output[-6000:]
+    assert_table_is_right(case, models)
+
+    jobs = sacct(run_id)
+    assert len(jobs) == 1 + case.shards + 1, jobs  # plan, one per shard, gather
+    for job in jobs:
+        assert job["State"] == "COMPLETED" and Path(job["WorkDir"]).resolve() == case.workdir.resolve(), job
+    for shard in range(case.shards):
+        [job] = jobs_of(jobs, "infer", shard)
+        assert "gres/gpu=1" in job["AllocTRES"], job
+        assert (case.workdir / ".snakemake" / "slurm_logs" / "rule_infer" / str(shard) / f"{job['JobID']}.log").exists()
+        assert scheduler_device(case, shard) in {"0", "1", "2", "3"}
+    for rule in ("plan", "gather"):
+        [job] = jobs_of(jobs, rule)
+        assert "gres/gpu" not in job["AllocTRES"], job
+
+    # shard jobs that ran at the same time were given different GPUs
+    times = {shard: run_interval(jobs_of(jobs, "infer", shard)[0]["JobID"]) for shard in range(case.shards)}
+    for a in range(case.shards):
+        for b in range(a + 1, case.shards):
+            if times[a][0] < times[b][1] and times[b][0] < times[a][1]:
+                assert scheduler_device(case, a) != scheduler_device(case, b), (a, b, times)
+
+
+def run_interval(jobid: str) -> tuple[str, str]:
+    """(start, end) of a job, as sortable ISO times."""
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", jobid, "-o", "Start,End"], capture_output=True, text=True,
+                         check=True).stdout.splitlines()[0]
+    start, end = out.split("|")
+    return start, end
+
+
+def test_a_shard_killed_mid_run_is_resubmitted_by_retries(scenarios, models):
+    """Fault injected from outside the workflow: once shard 1's job runs the shard's own code,
+    the scheduler kills its step with SIGKILL; the job fails, and `--retries 1` submits shard 1
+    again in the same run."""
+    scenario = scenarios["retry"]
+    case, watcher = scenario.case, scenario.watcher
+    status, output, run_id = scenario.run.wait()
+    watcher.join(timeout=5)
+    assert watcher.error is None and watcher.jobid, watcher.error
+    assert status == 0, output[-6000:]
+    assert_table_is_right(case, models)
+
+    jobs = sacct(run_id)
+    killed, again = jobs_of(jobs, "infer", 1)
+    assert (killed["JobID"], killed["State"]) == (watcher.jobid, "FAILED"), killed
+    assert again["State"] == "COMPLETED" and "gres/gpu=1" in again["AllocTRES"], again
+    assert [job["State"] for job in jobs_of(jobs, "infer", 0)] == ["COMPLETED"]
+    assert [job["State"] for job in jobs_of(jobs, "gather")] == ["COMPLETED"]
