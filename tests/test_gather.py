@@ -173,3 +173,14 @@ def test_out_of_memory_splits_the_batch_down_to_one_row(monkeypatch):
     assert max(Task.calls) == 6 and 1 in Task.calls
     with pytest.raises(UserError, match=r"row 102 \(7 tokens\) does not fit in device memory even alone"):
         predict_window(Task(), Encoder(), ["a", "b", "x" * 7], 100, BatchSettings(1000, 8, 8), torch.device("cpu"), Counters())
+
+
+def test_input_changed_after_planning_is_refused_before_writing(tmp_path):
+    inp = input_settings(write_input(input_frame(10), tmp_path / "in.parquet"))
+    run_plan(inp, 2, str(tmp_path / "plan.json"))
+    write_input(input_frame(11), tmp_path / "in.parquet")
+    out = tmp_path / "out" / "predictions.parquet"
+    with pytest.raises(UserError, match=r"input `.*in.parquet` changed since planning .*rerun the plan"):
+        run_gather(str(tmp_path / "plan.json"), [str(tmp_path / "0.parquet"), str(tmp_path / "1.parquet")], inp, {},
+                   DIGEST, str(out), str(tmp_path / "out" / "summary.json"))
+    assert not out.exists()

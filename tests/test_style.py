@@ -18,3 +18,18 @@ def test_snakefmt_check_is_clean():
     result = subprocess.run([str(snakefmt), "--check", "Snakefile", "workflow"], cwd=REPO, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr
+
+
+def test_conda_env_installs_what_requirements_install():
+    """envs/inference.yaml (for --sdm conda) names every package requirements.txt does."""
+    import re
+
+    import yaml
+
+    def names(lines):
+        return {re.split(r"[<>=!~ ]", line.strip())[0].lower() for line in lines if line.strip() and line[0] not in "#-"}
+
+    env = yaml.safe_load((REPO / "envs" / "inference.yaml").read_text())
+    pip = next(item["pip"] for item in env["dependencies"] if isinstance(item, dict))
+    required = names((REPO / "requirements.txt").read_text().splitlines()) - {"snakemake"}
+    assert required <= names(pip)
