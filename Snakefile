@@ -15,6 +15,7 @@ configfile: "config/config.yaml"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/plan.smk"
+include: "workflow/rules/tokenize.smk"
 include: "workflow/rules/infer.smk"
 include: "workflow/rules/gather.smk"
 

@@ -88,7 +88,7 @@ def shard_runner(model_dir: Path, input_path: Path, work: Path, max_length: int,
     model = ModelSettings(path=str(model_dir), adapter=None, task="classify", max_length=max_length, dtype=dtype,
                           trust_remote_code=False, allow_pickle=False, pooling="mean", normalize=False)
     settings = Settings(input=inp, model=model, batch=BatchSettings(max_tokens, 1024, 65536), shards=1)
-    run_plan(inp, 1, str(work / "plan.json"))
+    run_plan(inp, 1, max_length, str(work / "plan.json"))
     stats = run_shard(ShardJob(settings, str(work / "plan.json"), 0, str(work / "shard.parquet"), "bench", threads=torch.get_num_threads()))
     return stats, np.stack(pd.read_parquet(work / "shard.parquet")["probs"])
 

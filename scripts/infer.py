@@ -17,5 +17,7 @@ job = ShardJob(
     output=snakemake.output.shard,
     digest=snakemake.params.digest,
     threads=snakemake.threads,
+    tokens=snakemake.input.tokens or None,
+    tokenizer_key=snakemake.params.tokenizer_key,
 )
 run_job(snakemake.log[0], run_shard, job)

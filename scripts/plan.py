@@ -11,5 +11,5 @@ from shardinfer.jobs import run_job  # noqa: E402
 from shardinfer.plan import run_plan  # noqa: E402
 
 params = snakemake.params
-run_job(snakemake.log[0], run_plan, InputSettings.from_dict(params.input), params.shards, snakemake.output.plan,
-        params.shard_dir)
+run_job(snakemake.log[0], run_plan, InputSettings.from_dict(params.input), params.shards, params.max_length,
+        snakemake.output.plan, params.shard_dir)

@@ -22,6 +22,7 @@ DEFAULTS = {
               "allow_pickle": False},
     "embed": {"pooling": "mean", "normalize": False},
     "batch": {"max_tokens": 16384, "max_rows": 256, "sort_window": 16384},
+    "tokenize": {"ahead": False},
     "shards": 8,
 }
 
@@ -110,3 +111,23 @@ def test_schema_errors_name_key_value_and_allowed(change, message):
 def test_max_length_above_the_models_limit(tmp_path, models):
     with pytest.raises(UserError, match=r"model.max_length 100 is above the model's limit of 64 tokens; use 1..64"):
         check_settings(settings(tmp_path, models, model={"max_length": 100}))
+
+
+def test_tokenizer_key_follows_the_tokenizer_not_the_weights(tmp_path, models):
+    """Token files are reused by another model with the same tokenizer, never by another tokenizer."""
+    import dataclasses
+    import shutil
+
+    from shardinfer.config import tokenizer_digest
+
+    base = settings(tmp_path, models)
+    other = tmp_path / "other-model"
+    shutil.copytree(models.classifier, other)
+    (other / "model.safetensors").write_bytes(b"other weights")
+    same = dataclasses.replace(base, model=dataclasses.replace(base.model, path=str(other)))
+    assert tokenizer_digest(same) == tokenizer_digest(base)
+    longer = dataclasses.replace(base, model=dataclasses.replace(base.model, max_length=16))
+    assert tokenizer_digest(longer) != tokenizer_digest(base)
+    vocab = other / "tokenizer.json"
+    vocab.write_text(vocab.read_text().replace('"[UNK]"', '"[unk]"'))
+    assert tokenizer_digest(same) != tokenizer_digest(base)

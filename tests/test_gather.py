@@ -13,7 +13,7 @@ from shardinfer.config import IDENTITY_KEY, BatchSettings, ModelSettings, Settin
 from shardinfer.errors import ProofError, UserError
 from shardinfer.gather import run_gather
 from shardinfer.infer import ShardJob, run_shard
-from shardinfer.plan import run_plan
+from shardinfer.plan import read_plan, run_plan
 
 ROWS, SHARDS, DIGEST = 40, 3, "digest-a"
 
@@ -26,7 +26,7 @@ def shards(models, tmp_path_factory):
     model = ModelSettings(path=str(models.classifier), adapter=None, task="classify", max_length=32, dtype="auto",
                           trust_remote_code=False, allow_pickle=False, pooling="mean", normalize=False)
     settings = Settings(input=inp, model=model, batch=BatchSettings(256, 16, 128), shards=SHARDS)
-    run_plan(inp, SHARDS, str(root / "plan.json"))
+    run_plan(inp, SHARDS, 32, str(root / "plan.json"))
     paths = []
     for shard in range(SHARDS):
         paths.append(str(root / "shards" / f"{shard}.parquet"))
@@ -74,7 +74,8 @@ def test_untouched_shards_gather_into_all_rows_in_order(shards):
     table = pq.read_table(root / "out" / "predictions.parquet")
     assert table.column("index").to_pylist() == list(range(ROWS))
     assert table.column("id").to_pylist() == [f"row-{i}" for i in range(ROWS)]
-    assert [s["rows"] for s in report["per_shard"]] == [14, 13, 13]
+    plan = read_plan(str(root / "plan.json"))
+    assert [s["rows"] for s in report["per_shard"]] == [end - start for start, end in plan.ranges]
     for name in ("predictions.parquet", "summary.json"):
         (root / "out" / name).unlink()
 
@@ -144,40 +145,9 @@ def test_stray_file_in_the_shard_folder(shards, tmp_path):
         (root / "out" / name).unlink()
 
 
-def test_out_of_memory_splits_the_batch_down_to_one_row(monkeypatch):
-    import numpy as np
-    import torch
-
-    from shardinfer.config import BatchSettings
-    from shardinfer.infer import Counters, predict_window
-
-    class Encoder:
-        def encode(self, texts):
-            return [[1] * len(t) for t in texts], []
-
-        def tensors(self, ids, device):
-            return ids
-
-    class Task:
-        calls = []
-
-        def predict(self, ids):
-            self.calls.append(len(ids))
-            if len(ids) > 2 or any(len(row) == 7 for row in ids):
-                raise torch.OutOfMemoryError("simulated")
-            return {"n": np.array([len(row) for row in ids])}
-
-    texts = ["x" * n for n in (1, 2, 3, 4, 5, 6)]
-    results, _ = predict_window(Task(), Encoder(), texts, 100, BatchSettings(1000, 8, 8), torch.device("cpu"), Counters())
-    assert results["n"].tolist() == [1, 2, 3, 4, 5, 6]
-    assert max(Task.calls) == 6 and 1 in Task.calls
-    with pytest.raises(UserError, match=r"row 102 \(7 tokens\) does not fit in device memory even alone"):
-        predict_window(Task(), Encoder(), ["a", "b", "x" * 7], 100, BatchSettings(1000, 8, 8), torch.device("cpu"), Counters())
-
-
 def test_input_changed_after_planning_is_refused_before_writing(tmp_path):
     inp = input_settings(write_input(input_frame(10), tmp_path / "in.parquet"))
-    run_plan(inp, 2, str(tmp_path / "plan.json"))
+    run_plan(inp, 2, 32, str(tmp_path / "plan.json"))
     write_input(input_frame(11), tmp_path / "in.parquet")
     out = tmp_path / "out" / "predictions.parquet"
     with pytest.raises(UserError, match=r"input `.*in.parquet` changed since planning .*rerun the plan"):

@@ -3,6 +3,7 @@
 import shutil
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
@@ -115,7 +116,8 @@ def test_decoder_classifier_batched_equals_unbatched(models, tmp_path, padding_s
 
     from factory import texts
     from shardinfer.config import BatchSettings
-    from shardinfer.infer import Counters, Encoder, predict_window
+    from shardinfer.infer import Batcher, Counters, predict_window
+    from shardinfer.tokens import Encoder, TokenWindow
     from shardinfer.models import LoadedModel, settle_pad_token
 
     tokenizer = AutoTokenizer.from_pretrained(models.classifier)
@@ -128,8 +130,9 @@ def test_decoder_classifier_batched_equals_unbatched(models, tmp_path, padding_s
     pad_id = settle_pad_token(tokenizer, model)
     rows = texts(40, seed=4)
     with torch.inference_mode():
-        got, _ = predict_window(task, Encoder(tokenizer, 32, pad_id), rows, 0, BatchSettings(256, 16, 64),
-                                torch.device("cpu"), Counters())
+        batcher = Batcher(tokenizer, pad_id, BatchSettings(256, 16, 64), pin=False)
+        window = batcher.prepare(TokenWindow(0, *Encoder(tokenizer, 32).encode(rows)), pa.table({}), Counters())
+        got = predict_window(task, batcher, window, torch.device("cpu"))
         want = [torch.softmax(model(**tokenizer(t, truncation=True, max_length=32, return_tensors="pt")).logits[0], -1)
                 for t in rows]
     np.testing.assert_allclose(got["probs"], torch.stack(want).numpy(), atol=1e-5)

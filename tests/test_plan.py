@@ -3,57 +3,108 @@
 import json
 import os
 
+import numpy as np
 import pytest
 
 from factory import input_frame, write_input
 from factory import input_settings as settings_for
 from shardinfer.errors import UserError
-from shardinfer.plan import make_plan, read_plan, split_ranges, write_plan
+from shardinfer.plan import balanced_ranges, estimated_tokens, make_plan, read_plan, write_plan
+
+
+def costs_of(rows: int, seed: int) -> np.ndarray:
+    """Long-tailed per-row costs, as a real length mix gives."""
+    rng = np.random.default_rng(seed)
+    return np.clip(rng.lognormal(np.log(30), 1.0, size=rows), 1, 512).astype(np.int64)
+
+
+def check_cover(ranges, rows, shards):
+    assert len(ranges) == shards
+    assert ranges[0][0] == 0 and ranges[-1][1] == rows
+    assert all(a_end == b_start for (_, a_end), (b_start, _) in zip(ranges, ranges[1:]))
+    assert all(end >= start for start, end in ranges)
 
 
 @pytest.mark.parametrize("rows", [0, 1, 5, 7, 499, 1000, 1001])
 @pytest.mark.parametrize("shards", [1, 2, 4, 7, 8, 1500])
-def test_ranges_cover_rows_exactly_with_sizes_within_one(rows, shards):
-    ranges = split_ranges(rows, shards)
-    assert len(ranges) == shards
-    assert ranges[0][0] == 0 and ranges[-1][1] == rows
-    assert all(a_end == b_start for (_, a_end), (b_start, _) in zip(ranges, ranges[1:]))
+def test_equal_costs_give_contiguous_ranges_with_sizes_within_one(rows, shards):
+    ranges = balanced_ranges(np.full(rows, 3), shards)
+    check_cover(ranges, rows, shards)
     sizes = [end - start for start, end in ranges]
-    assert min(sizes) >= 0 and max(sizes) - min(sizes) <= 1
-    assert sum(sizes) == rows
+    assert max(sizes) - min(sizes) <= 1 and sum(sizes) == rows
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("shards", [2, 7, 64])
+def test_each_shard_holds_its_share_of_the_cost_within_one_row(seed, shards):
+    costs = costs_of(5000, seed)
+    ranges = balanced_ranges(costs, shards)
+    check_cover(ranges, len(costs), shards)
+    share = costs.sum() / shards
+    for start, end in ranges:
+        assert abs(costs[start:end].sum() - share) <= costs.max()
+
+
+def test_cost_balance_beats_equal_row_counts_on_a_skewed_input():
+    """Long texts bunched at the start: equal row counts would give the first shard most of the work."""
+    costs = np.concatenate([np.full(1000, 400), np.full(9000, 10)])
+    by_cost = [costs[s:e].sum() for s, e in balanced_ranges(costs, 4)]
+    by_rows = [costs[i : i + 2500].sum() for i in range(0, 10000, 2500)]
+    assert max(by_cost) / min(by_cost) < 1.01 < 3 < max(by_rows) / min(by_rows)
 
 
 def test_more_shards_than_rows_gives_empty_shards():
-    assert split_ranges(5, 8) == [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 5), (5, 5), (5, 5)]
+    ranges = balanced_ranges(np.ones(5), 8)
+    check_cover(ranges, 5, 8)
+    assert sorted(end - start for start, end in ranges) == [0, 0, 0, 1, 1, 1, 1, 1]
 
 
 @pytest.mark.parametrize("shards", [0, -3])
 def test_shards_must_be_positive(shards):
     with pytest.raises(UserError, match=f"shards must be an integer >= 1; got {shards}"):
-        split_ranges(10, shards)
+        balanced_ranges(np.ones(10), shards)
+
+
+def test_estimated_tokens_count_characters_and_stop_at_max_length():
+    assert estimated_tokens(np.array([0, 1, 4, 5, 4000]), 128).tolist() == [2, 3, 3, 4, 128]
+
+
+def test_plan_records_each_shards_estimated_cost(tmp_path):
+    frame = input_frame(40)
+    frame.loc[:9, "text"] = "word " * 200  # the first quarter is long
+    path = write_input(frame, tmp_path / "in.parquet")
+    plan = make_plan(settings_for(path), 4, 512)
+    write_plan(plan, tmp_path / "plan.json")
+    recorded = json.loads((tmp_path / "plan.json").read_text())
+    assert [s["cost"] for s in recorded["shards"]] == list(plan.costs)
+    assert recorded["cost"]["total"] == sum(plan.costs) and "characters" in recorded["cost"]["estimate"]
+    sizes = [e - s for s, e in plan.ranges]
+    assert sizes[0] < sizes[-1]  # long rows share fewer per shard
+    assert max(plan.costs) - min(plan.costs) <= 252  # one long row's estimate
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".csv", ".jsonl"])
 def test_plan_round_trips_and_records_rows_and_fingerprint(tmp_path, suffix):
     path = write_input(input_frame(10), tmp_path / f"in{suffix}")
-    plan = make_plan(settings_for(path), 3)
+    plan = make_plan(settings_for(path), 3, 32)
     write_plan(plan, tmp_path / "plan.json")
     again = read_plan(str(tmp_path / "plan.json"))
     assert again == plan
-    assert again.rows == 10 and again.ranges == ((0, 4), (4, 7), (7, 10))
+    assert again.rows == 10 and len(again.costs) == 3
+    check_cover(again.ranges, 10, 3)
     assert json.loads((tmp_path / "plan.json").read_text())["input"]["size"] == os.stat(path).st_size
 
 
 def test_plan_id_changes_with_the_input(tmp_path):
     path = write_input(input_frame(10), tmp_path / "in.parquet")
-    first = make_plan(settings_for(path), 3)
+    first = make_plan(settings_for(path), 3, 32)
     write_input(input_frame(11), path)
-    assert make_plan(settings_for(path), 3).plan_id != first.plan_id
+    assert make_plan(settings_for(path), 3, 32).plan_id != first.plan_id
 
 
 def test_changed_input_is_detected(tmp_path):
     path = write_input(input_frame(10), tmp_path / "in.csv")
-    plan = make_plan(settings_for(path), 2)
+    plan = make_plan(settings_for(path), 2, 32)
     write_input(input_frame(12), path)
     with pytest.raises(UserError, match="changed since planning.*rerun the plan"):
         plan.check_input_unchanged()
@@ -62,7 +113,7 @@ def test_changed_input_is_detected(tmp_path):
 def test_empty_input_is_refused(tmp_path):
     path = write_input(input_frame(0), tmp_path / "in.csv")
     with pytest.raises(UserError, match="has no rows"):
-        make_plan(settings_for(path), 2)
+        make_plan(settings_for(path), 2, 32)
 
 
 def test_null_texts_are_refused_with_count_and_first_rows(tmp_path):
@@ -70,5 +121,5 @@ def test_null_texts_are_refused_with_count_and_first_rows(tmp_path):
     frame.loc[[3, 9, 11], "text"] = None
     path = write_input(frame, tmp_path / "in.parquet")
     with pytest.raises(UserError, match=r"is null in 3 row\(s\) \(first: 3, 9, 11\).*null_text: empty"):
-        make_plan(settings_for(path), 2)
-    assert make_plan(settings_for(path, null_text="empty"), 2).rows == 20
+        make_plan(settings_for(path), 2, 32)
+    assert make_plan(settings_for(path, null_text="empty"), 2, 32).rows == 20

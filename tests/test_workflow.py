@@ -71,7 +71,11 @@ def test_summary_reports_every_shard(classify_runs, tmp_path_factory):
     workdir = next(p for p in tmp_path_factory.getbasetemp().iterdir() if p.name.startswith("classify-1000-7"))
     summary = json.loads((workdir / "results" / "summary.json").read_text())
     assert summary["rows"] == 1000 and summary["shards"] == 7
-    assert [s["rows"] for s in summary["per_shard"]] == [143] * 6 + [142]
+    plan = json.loads((workdir / "results" / "plan.json").read_text())
+    assert [s["rows"] for s in summary["per_shard"]] == [s["rows"] for s in plan["shards"]]
+    costs = [s["cost"] for s in plan["shards"]]  # balanced by estimated tokens, not by rows
+    assert sum(costs) == plan["cost"]["total"] and max(costs) - min(costs) <= 32  # one row at most
+    assert all(s["bound_by"] in {"read", "tokenize", "batch", "device", "write"} for s in summary["per_shard"])
     assert all(s["device"].startswith("cpu") and s["seconds"] > 0 for s in summary["per_shard"])
     assert summary["truncated"] == sum(s["truncated"] for s in summary["per_shard"]) > 0
 
@@ -109,6 +113,46 @@ def test_every_input_format_keeps_columns(models, tmp_path, suffix):
     assert got["gold"].tolist() == gold.tolist()
     label_ids, _ = reference.classify(models.classifier, frame["text"].tolist(), max_length=32)
     assert got["label_id"].tolist() == label_ids.tolist()
+
+
+def perturbed_copy(model_dir, out):
+    """Another classifier (other weights) with the very same tokenizer."""
+    import torch
+    from transformers import BertForSequenceClassification
+
+    from factory import save_tokenizer
+
+    model = BertForSequenceClassification.from_pretrained(model_dir)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.2)
+    model.save_pretrained(out)
+    save_tokenizer(out)
+    return out
+
+
+def test_tokenizing_ahead_gives_the_identical_table_and_is_reused_by_another_model(classify_runs, models, tmp_path):
+    inline, frame = classify_runs(1000, 4)
+    path = write_input(frame, tmp_path / "data" / "input.parquet")
+    config = workflow_config(path, models.classifier, shards=4, tokenize={"ahead": True})
+    first = run_workflow(tmp_path, config)
+    assert first.returncode == 0, first.stderr[-4000:]
+    assert first.stderr.count("rule tokenize:") == 4
+    assert read_predictions(tmp_path).equals(inline)  # bit for bit, not only within a tolerance
+    token_files = sorted((tmp_path / "results" / "tokens").glob("*/*.parquet"))
+    made = {p: p.stat().st_mtime_ns for p in token_files}
+    assert len(made) == 4
+
+    other = perturbed_copy(models.classifier, tmp_path / "other-model")
+    second = run_workflow(tmp_path, {**config, "model": {**config["model"], "path": str(other)}})
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert "rule tokenize:" not in second.stderr and second.stderr.count("rule infer:") == 4
+    assert {p: p.stat().st_mtime_ns for p in token_files} == made
+    label_ids, probs = reference.classify(other, frame["text"].tolist(), max_length=32)
+    got = read_predictions(tmp_path)
+    assert got["label_id"].tolist() == label_ids.tolist()
+    np.testing.assert_allclose(np.stack(got["probs"]), probs, atol=ATOL)
+    assert np.abs(probs - np.stack(inline["probs"])).max() > 1e-2  # it is another model
 
 
 def test_lora_adapter_is_applied_and_matches_peft(models, tmp_path):

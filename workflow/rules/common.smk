@@ -12,6 +12,7 @@ from shardinfer.config import (
     output_digest,
     schema_errors,
     settings_from_config,
+    tokenizer_digest,
 )
 from shardinfer.errors import UserError
 
@@ -37,8 +38,15 @@ wildcard_constraints:
 
 
 SHARD_FILE = "results/shards/{shard}.parquet"
+TOKENIZER_KEY = tokenizer_digest(SETTINGS) if SETTINGS.tokenize_ahead else None
+TOKENS_FILE = f"results/tokens/{TOKENIZER_KEY}/{{shard}}.parquet"
 
 
 def shard_files(wildcards=None):
     """Every planned shard file, in shard order."""
     return expand(SHARD_FILE, shard=range(SETTINGS.shards))
+
+
+def token_file(wildcards):
+    """The tokenize rule's file for the shard when tokenizing ahead; nothing otherwise."""
+    return TOKENS_FILE.format(shard=wildcards.shard) if SETTINGS.tokenize_ahead else []

@@ -2,6 +2,7 @@ rule infer:
     input:
         plan=rules.plan.output.plan,
         table=SETTINGS.input.path,
+        tokens=token_file,
     output:
         shard=SHARD_FILE,
     log:
@@ -16,5 +17,6 @@ rule infer:
     params:
         settings=SETTINGS.to_dict(),
         digest=DIGEST,
+        tokenizer_key=TOKENIZER_KEY,
     script:
         "../../scripts/infer.py"

@@ -10,6 +10,7 @@ rule plan:
     params:
         input=SETTINGS.to_dict()["input"],
         shards=SETTINGS.shards,
+        max_length=SETTINGS.model.max_length,
         shard_dir=os.path.dirname(SHARD_FILE),
     script:
         "../../scripts/plan.py"

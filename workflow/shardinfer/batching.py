@@ -1,8 +1,11 @@
 """Length-sorted batches under a token budget, and padding to the longest row of each batch.
 
 Sorting by length puts rows of similar length together, so a batch pads little; cutting by a
-budget of padded tokens keeps every batch about the same cost. Callers restore input order by
-writing each batch's results back at the row positions the batch carries.
+budget of padded tokens keeps every batch about the same cost. Where to cut is a small shortest-
+path problem over the sorted rows: each batch costs its padded tokens plus a fixed overhead, so a
+steep stretch of the length tail is cut into more, tighter batches and a flat stretch into full
+ones. Callers restore input order by writing each batch's results back at the row positions the
+batch carries.
 """
 
 from __future__ import annotations
@@ -11,20 +14,54 @@ from typing import Sequence
 
 import numpy as np
 
+BATCH_OVERHEAD = 1 / 64  # one more batch costs as much as padding 1/64 of the token budget
+
+
+def row_capacity(width: np.ndarray, max_tokens: int, max_rows: int) -> np.ndarray:
+    """Rows a batch may hold when its longest row has `width` tokens (at least one)."""
+    return np.clip(max_tokens // np.maximum(width, 1), 1, max_rows)
+
+
+def sorted_pieces(widths: np.ndarray, max_tokens: int, max_rows: int) -> np.ndarray:
+    """Cut points over rows sorted longest first: every change of length, and inside a run of
+    equal lengths every `capacity` rows. Batches are built from whole pieces."""
+    change = np.flatnonzero(np.diff(widths)) + 1
+    starts = np.concatenate([[0], change])
+    ends = np.concatenate([change, [len(widths)]])
+    cuts = [np.arange(a, b, row_capacity(widths[a], max_tokens, max_rows)) for a, b in zip(starts, ends)]
+    return np.concatenate([*cuts, [len(widths)]])
+
+
+def cheapest_cuts(widths: np.ndarray, cuts: np.ndarray, max_tokens: int, max_rows: int) -> list[int]:
+    """Cut points (a subset of `cuts`) minimising padded tokens + an overhead per batch."""
+    overhead = max_tokens * BATCH_OVERHEAD
+    capacity = row_capacity(widths[cuts[:-1]], max_tokens, max_rows)
+    best, previous = np.zeros(len(cuts)), np.zeros(len(cuts), dtype=np.int64)
+    for b in range(1, len(cuts)):
+        rows = cuts[b] - cuts[:b]
+        cost = best[:b] + rows * widths[cuts[:b]] + overhead
+        cost[rows > capacity[:b]] = np.inf
+        previous[b] = int(np.argmin(cost))
+        best[b] = cost[previous[b]]
+    chosen, b = [len(cuts) - 1], len(cuts) - 1
+    while b > 0:
+        b = previous[b]
+        chosen.append(b)
+    return [int(cuts[i]) for i in reversed(chosen)]
+
 
 def length_sorted_batches(lengths: Sequence[int], max_tokens: int, max_rows: int) -> list[np.ndarray]:
     """Row positions per batch, longest rows first; padded tokens per batch stay <= max_tokens.
 
     A single row longer than the budget still gets a batch of its own: no row is ever dropped.
     """
-    order = np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable")
-    batches, start = [], 0
-    while start < len(order):
-        longest = max(int(lengths[order[start]]), 1)
-        size = max(1, min(max_rows, max_tokens // longest))
-        batches.append(order[start : start + size])
-        start += size
-    return batches
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if len(lengths) == 0:
+        return []
+    order = np.argsort(-lengths, kind="stable")
+    widths = np.maximum(lengths[order], 1)
+    bounds = cheapest_cuts(widths, sorted_pieces(widths, max_tokens, max_rows), max_tokens, max_rows)
+    return [order[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def padding_ratio(lengths: Sequence[int], batches: Sequence[np.ndarray]) -> float:

@@ -62,6 +62,7 @@ class Settings:
     model: ModelSettings
     batch: BatchSettings
     shards: int
+    tokenize_ahead: bool = False  # token ids made by a CPU rule per shard, not inside the GPU job
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -73,6 +74,7 @@ class Settings:
             model=ModelSettings(**data["model"]),
             batch=BatchSettings(**data["batch"]),
             shards=int(data["shards"]),
+            tokenize_ahead=bool(data.get("tokenize_ahead", False)),
         )
 
 
@@ -116,6 +118,7 @@ def settings_from_config(config: dict) -> Settings:
         ),
         batch=BatchSettings(**config["batch"]),
         shards=shards,
+        tokenize_ahead=config["tokenize"]["ahead"],
     )
 
 
@@ -198,3 +201,23 @@ def output_digest(settings: Settings) -> str:
         "adapter_files": directory_fingerprint(settings.model.adapter),
     }
     return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=list).encode()).hexdigest()[:16]
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.txt", "vocab.json", "merges.txt", "tokenizer.model", "spiece.model",
+                   "sentencepiece.bpe.model")
+
+
+def tokenizer_digest(settings: Settings) -> str:
+    """A digest of what decides the token ids: the tokenizer's files (by content), the model type
+    that picks its class, max_length and the text settings. Not the weights: token files made
+    for one model are reused by another with the same tokenizer."""
+    folder = Path(settings.model.path)
+    files = sorted((p.name, hashlib.sha256(p.read_bytes()).hexdigest()) for p in folder.iterdir()
+                   if p.is_file() and (p.name in TOKENIZER_FILES or p.suffix == ".tiktoken"))
+    config = folder / "config.json"
+    model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+    relevant = {"files": files, "model_type": model_type, "max_length": settings.model.max_length,
+                "trust_remote_code": settings.model.trust_remote_code, "text_column": settings.input.text_column,
+                "null_text": settings.input.null_text}
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]

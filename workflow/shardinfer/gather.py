@@ -138,7 +138,9 @@ def summarize(plan: Plan, shards: list[ShardFile], inp: InputSettings, model: di
         "padding_ratio": round(padded / real, 4) if real else None,
         "per_shard": [
             {"shard": s.shard, "start": plan.ranges[s.shard][0], "end": plan.ranges[s.shard][1], "rows": s.rows,
-             **{k: s.stats.get(k) for k in ("seconds", "device", "dtype", "truncated", "first_truncated_rows")}}
+             "estimated_tokens": plan.costs[s.shard],
+             **{k: s.stats.get(k) for k in ("real_tokens", "padding_ratio", "seconds", "bound_by", "device", "dtype",
+                                            "truncated", "first_truncated_rows")}}
             for s in shards
         ],
     }

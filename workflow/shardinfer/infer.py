@@ -1,5 +1,8 @@
 """One shard: read its range → tokenize → length-sorted batches → run the task → write atomically.
 
+Every stage but the device loop runs in a background worker (`shardinfer.pipeline`), so the
+device does not wait on reading, tokenizing or building tensors when the CPU keeps up.
+
 Reads top to bottom like a sampling script. The shard file carries the global row number in an
 `index` column and, in its metadata, the plan and settings it was made under, so gather can
 prove it belongs.
@@ -23,9 +26,11 @@ from shardinfer.config import IDENTITY_KEY, INDEX_COLUMN, STATS_KEY, BatchSettin
 from shardinfer.errors import UserError
 from shardinfer.lease import Lease, acquire_device, default_wait_s
 from shardinfer.models import choose_device, choose_dtype, load_model, load_tokenizer, settle_pad_token
+from shardinfer.pipeline import Pipeline
 from shardinfer.plan import Plan, read_plan
-from shardinfer.tables import iter_input, iter_range, text_values
+from shardinfer.tables import iter_input, iter_range, text_values, windows
 from shardinfer.tasks import load_task
+from shardinfer.tokens import Encoder, TokenWindow, read_token_windows, token_identity
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +43,8 @@ class ShardJob:
     output: str
     digest: str
     threads: int = 1
+    tokens: str | None = None  # the tokenize rule's file for this shard, when tokenizing ahead
+    tokenizer_key: str | None = None
 
 
 @dataclass
@@ -48,6 +55,12 @@ class Counters:
     truncated: int = 0
     truncated_rows: list[int] = field(default_factory=list)
 
+    def count_tokens(self, lengths: list[int], batches: list[np.ndarray], tokens: TokenWindow) -> None:
+        self.real_tokens += sum(lengths)
+        self.padded_tokens += round(padding_ratio(lengths, batches) * sum(lengths))
+        self.truncated += len(tokens.truncated)
+        self.truncated_rows.extend(tokens.first + i for i in tokens.truncated[: 5 - len(self.truncated_rows)])
+
     def stats(self, seconds: float, runtime: Runtime) -> dict:
         return {"rows": self.rows, "seconds": round(seconds, 3), "device": runtime.where, "dtype": runtime.dtype,
                 "real_tokens": self.real_tokens, "padded_tokens": self.padded_tokens,
@@ -55,89 +68,74 @@ class Counters:
                 "truncated": self.truncated, "first_truncated_rows": self.truncated_rows}
 
 
-def windows(batches: Iterator[tuple[int, pa.RecordBatch]], size: int) -> Iterator[tuple[int, pa.Table]]:
-    """Regroup the reader's batches into tables of `size` rows (the last may be shorter)."""
-    pending, first = [], None
-    for start, batch in batches:
-        first = start if first is None else first
-        pending.append(batch)
-        table = pa.Table.from_batches(pending)
-        while table.num_rows >= size:
-            yield first, table.slice(0, size)
-            first, table = first + size, table.slice(size)
-        pending = table.to_batches()
-    if pending and sum(b.num_rows for b in pending) > 0:
-        yield first, pa.Table.from_batches(pending)
+@dataclass(frozen=True)
+class Prepared:
+    """A window ready for the device: its rows' ids and batches with host tensors built ahead."""
+
+    tokens: TokenWindow
+    keep: pa.Table  # the window's keep columns, written beside the results
+    batches: list[tuple[np.ndarray, dict[str, torch.Tensor]]]  # (window positions, tensors)
 
 
-class Encoder:
-    """Tokenizes without padding; counts texts cut at max_length."""
+class Batcher:
+    """Token ids → length-sorted batches → padded host tensors (pinned when bound for a GPU)."""
 
-    def __init__(self, tokenizer, max_length: int, pad_id: int) -> None:
-        self.tokenizer = tokenizer
-        self.max_length = max_length
-        self.with_token_types = "token_type_ids" in tokenizer.model_input_names
+    def __init__(self, tokenizer, pad_id: int, batch: BatchSettings, pin: bool) -> None:
         self.pad_id = pad_id
         self.left = tokenizer.padding_side == "left"
+        self.with_token_types = "token_type_ids" in tokenizer.model_input_names
+        self.batch = batch
+        self.pin = pin
 
-    def encode(self, texts: list[str]) -> tuple[list[list[int]], list[int]]:
-        ids = self.tokenizer(texts, truncation=True, max_length=self.max_length, add_special_tokens=True)["input_ids"]
-        ids = [row or [self.pad_id] for row in ids]  # tokenizers without special tokens give [] for ""
-        at_limit = [i for i, row in enumerate(ids) if len(row) >= self.max_length]
-        truncated = []
-        if at_limit:
-            full = self.tokenizer([texts[i] for i in at_limit], add_special_tokens=True)["input_ids"]
-            truncated = [i for i, row in zip(at_limit, full) if len(row) > self.max_length]
-        return ids, truncated
-
-    def tensors(self, ids: list[list[int]], device: torch.device) -> dict[str, torch.Tensor]:
-        input_ids, mask = pad_batch(ids, self.pad_id, self.left)
+    def tensors(self, ids: list) -> dict[str, torch.Tensor]:
+        input_ids, mask = pad_batch([row if len(row) else [self.pad_id] for row in ids], self.pad_id, self.left)
         inputs = {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(mask)}
         if self.with_token_types:
             inputs["token_type_ids"] = torch.zeros_like(inputs["input_ids"])
-        return {name: tensor.to(device, non_blocking=True) for name, tensor in inputs.items()}
+        return {name: t.pin_memory() for name, t in inputs.items()} if self.pin else inputs
+
+    def prepare(self, tokens: TokenWindow, keep: pa.Table, counters: Counters) -> Prepared:
+        lengths = [max(len(row), 1) for row in tokens.ids]
+        planned = length_sorted_batches(lengths, self.batch.max_tokens, self.batch.max_rows)
+        counters.count_tokens(lengths, planned, tokens)
+        batches = [(positions, self.tensors([tokens.ids[p] for p in positions])) for positions in planned]
+        return Prepared(tokens, keep, batches)
 
 
-def predict_splitting(task, encoder: Encoder, ids: list[list[int]], positions: np.ndarray, device, first_row: int):
+def predict_splitting(task, batcher: Batcher, ids: list, positions: np.ndarray, inputs, device, first_row: int):
     """Yield (positions, outputs); a batch that runs out of device memory is halved and retried.
 
     Down to a single row: if that still does not fit, the job fails naming the row.
     """
     try:
-        yield positions, task.predict(encoder.tensors([ids[p] for p in positions], device))
+        inputs = inputs if inputs is not None else batcher.tensors([ids[p] for p in positions])
+        yield positions, task.predict({name: t.to(device, non_blocking=True) for name, t in inputs.items()})
         return
     except torch.OutOfMemoryError:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     if len(positions) == 1:
         row = first_row + int(positions[0])
-        raise UserError(f"row {row} ({len(ids[positions[0]])} tokens) does not fit in device memory even alone; "
-                        "lower model.max_length or use a device with more memory")
+        raise UserError(f"row {row} ({max(len(ids[positions[0]]), 1)} tokens) does not fit in device memory even "
+                        "alone; lower model.max_length or use a device with more memory")
     width = max(len(ids[p]) for p in positions)
     log.warning("out of memory on a batch of %d rows x %d tokens; splitting it in two", len(positions), width)
     half = len(positions) // 2
-    yield from predict_splitting(task, encoder, ids, positions[:half], device, first_row)
-    yield from predict_splitting(task, encoder, ids, positions[half:], device, first_row)
+    yield from predict_splitting(task, batcher, ids, positions[:half], None, device, first_row)
+    yield from predict_splitting(task, batcher, ids, positions[half:], None, device, first_row)
 
 
-def predict_window(task, encoder: Encoder, texts: list[str], first_row: int, batch: BatchSettings, device,
-                   counters: Counters) -> tuple[dict[str, np.ndarray], list[int]]:
-    """Run one window's rows in length-sorted batches; results come back in the rows' order,
-    with the window positions of truncated texts."""
-    ids, truncated = encoder.encode(texts)
-    lengths = [len(row) for row in ids]
-    batches = length_sorted_batches(lengths, batch.max_tokens, batch.max_rows)
+def predict_window(task, batcher: Batcher, window: Prepared, device) -> dict[str, np.ndarray]:
+    """Run one window's batches on the device; results come back in the rows' order."""
+    ids, rows = window.tokens.ids, len(window.tokens.ids)
     results: dict[str, np.ndarray] = {}
-    for planned in batches:
-        for positions, outputs in predict_splitting(task, encoder, ids, planned, device, first_row):
+    for planned, inputs in window.batches:
+        for positions, outputs in predict_splitting(task, batcher, ids, planned, inputs, device, window.tokens.first):
             for name, values in outputs.items():
                 if name not in results:
-                    results[name] = np.empty((len(texts), *values.shape[1:]), dtype=values.dtype)
+                    results[name] = np.empty((rows, *values.shape[1:]), dtype=values.dtype)
                 results[name][positions] = values
-    counters.real_tokens += sum(lengths)
-    counters.padded_tokens += round(padding_ratio(lengths, batches) * sum(lengths))
-    counters.truncated += len(truncated)
-    return results, truncated
+    return results
 
 
 def shard_schema(task, keep_schema: pa.Schema, identity: dict) -> pa.Schema:
@@ -155,6 +153,7 @@ def keep_schema_of(settings: Settings) -> pa.Schema:
 class Runtime:
     task: object
     encoder: Encoder
+    batcher: Batcher
     device: torch.device
     where: str
     dtype: str
@@ -177,28 +176,72 @@ def start_runtime(settings: Settings, lease: Lease, threads: int) -> Runtime:
     task = task_class(loaded, settings.model)
     adapter = f" + adapter {settings.model.adapter}" if settings.model.adapter else ""
     log.info("loaded %s%s in %.1f s", settings.model.path, adapter, time.perf_counter() - loaded_at)
-    encoder = Encoder(tokenizer, settings.model.max_length, pad_id)
-    return Runtime(task, encoder, device, where, str(dtype).replace("torch.", ""))
+    encoder = Encoder(tokenizer, settings.model.max_length)
+    batcher = Batcher(tokenizer, pad_id, settings.batch, pin=device.type == "cuda")
+    return Runtime(task, encoder, batcher, device, where, str(dtype).replace("torch.", ""))
+
+
+def read_windows(job: ShardJob, plan: Plan) -> Iterator[tuple[int, pa.Table]]:
+    start, end = plan.ranges[job.shard]
+    return windows(iter_range(job.settings.input, start, end), job.settings.batch.sort_window)
+
+
+def tokenized(job: ShardJob, plan: Plan, encoder: Encoder, pipeline: Pipeline):
+    """A queue of (token window, keep columns): tokenized in a worker, or read from the tokenize
+    rule's file beside the input's keep columns."""
+    null_as_empty = job.settings.input.null_text == "empty"
+    read = pipeline.source("read", read_windows(job, plan))
+    if job.tokens is None:
+        def tokenize(item):
+            first, table = item
+            ids, cut = encoder.encode(text_values(table.column(0).combine_chunks(), null_as_empty))
+            return TokenWindow(first, ids, cut), table.drop_columns([table.column_names[0]])
+
+        return pipeline.map("tokenize", tokenize, read)
+    expected = token_identity(plan, job.shard, job.tokenizer_key)
+    made = read_token_windows(job.tokens, expected, job.settings.batch.sort_window)
+
+    def pair(item):
+        first, table = item
+        tokens = next(made, None)
+        if tokens is None or tokens.first != first or len(tokens.ids) != table.num_rows:
+            raise UserError(f"token file `{job.tokens}` does not line up with the input at row {first}; "
+                            "delete it and rerun")
+        return tokens, table.drop_columns([table.column_names[0]])
+
+    return pipeline.map("read tokens", pair, read)
 
 
 def write_shard(job: ShardJob, plan: Plan, runtime: Runtime) -> dict:
-    """Stream the shard's rows through the task into its file; returns the shard's stats."""
+    """Stream the shard's rows through the task into its file; returns the shard's stats.
+
+    read → tokenize (or read token ids) → batch and build tensors run in workers, the device
+    loop in this thread, and writing in another worker; each hands on through a bounded queue.
+    """
     settings, task = job.settings, runtime.task
     start, end = plan.ranges[job.shard]
     identity = {"plan_id": plan.plan_id, "shard": job.shard, "start": start, "end": end,
                 "digest": job.digest, "task": settings.model.task}
     schema = shard_schema(task, keep_schema_of(settings), identity)
     counters, started = Counters(), time.perf_counter()
-    with torch.inference_mode(), atomic_parquet_writer(job.output, schema) as writer:
-        for first, table in windows(iter_range(settings.input, start, end), settings.batch.sort_window):
-            texts = text_values(table.column(0).combine_chunks(), settings.input.null_text == "empty")
-            results, truncated = predict_window(task, runtime.encoder, texts, first, settings.batch, runtime.device, counters)
-            counters.truncated_rows.extend(first + i for i in truncated[: 5 - len(counters.truncated_rows)])
-            index = pa.array(np.arange(first, first + table.num_rows, dtype=np.int64))
-            writer.write_table(pa.Table.from_arrays([index, *table.columns[1:], *task.to_arrow(results)], schema=schema))
-            counters.rows += table.num_rows
+
+    with atomic_parquet_writer(job.output, schema) as writer, torch.inference_mode(), Pipeline() as pipeline:
+        def write(item):
+            window, results = item
+            index = pa.array(np.arange(window.tokens.first, window.tokens.first + window.keep.num_rows, dtype=np.int64))
+            writer.write_table(pa.Table.from_arrays([index, *window.keep.columns, *task.to_arrow(results)], schema=schema))
+            counters.rows += window.keep.num_rows
             log.info("rows %d/%d, %.0f rows/s", counters.rows, end - start, counters.rows / (time.perf_counter() - started))
+
+        tokens = tokenized(job, plan, runtime.encoder, pipeline)
+        prepared = pipeline.map("batch", lambda item: runtime.batcher.prepare(*item, counters), tokens)
+        output = pipeline.sink("write", write)
+        for window in pipeline.drain("device", prepared):
+            pipeline.put(output, (window, predict_window(task, runtime.batcher, window, runtime.device)))
+        pipeline.finish(output)
+        log.info("%s", pipeline.report())
         stats = counters.stats(time.perf_counter() - started, runtime)
+        stats["bound_by"] = pipeline.bottleneck().name
         writer.add_key_value_metadata({STATS_KEY: json.dumps(stats)})
     return stats
 

@@ -13,26 +13,45 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from shardinfer.atomic import write_json_atomic
 from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
 from shardinfer.tables import scan_input
 
 log = logging.getLogger(__name__)
-PLAN_VERSION = 1
+PLAN_VERSION = 2
 
 
-def split_ranges(rows: int, shards: int) -> list[tuple[int, int]]:
-    """`shards` contiguous [start, end) ranges over 0..rows whose sizes differ by at most one."""
+CHARS_PER_TOKEN = 4
+SPECIAL_TOKENS = 2
+COST_ESTIMATE = f"tokens per row ~ ceil(characters / {CHARS_PER_TOKEN}) + {SPECIAL_TOKENS}, at most max_length"
+
+
+def estimated_tokens(chars: np.ndarray, max_length: int) -> np.ndarray:
+    """A row's cost before any tokenizer is loaded: its characters over ~4 per token, plus the
+    special tokens, cut at max_length as the tokenizer will cut it. Never below one."""
+    tokens = -(-chars.astype(np.int64) // CHARS_PER_TOKEN) + SPECIAL_TOKENS
+    return np.clip(tokens, 1, max(max_length, 1))
+
+
+def balanced_ranges(costs: np.ndarray, shards: int) -> list[tuple[int, int]]:
+    """`shards` contiguous [start, end) ranges over the rows, each holding about the same total cost.
+
+    Each cut goes to the row boundary nearest its share of the running total, so a shard's cost
+    is off its share by at most one row's cost; equal costs give sizes within one row. With more
+    shards than rows, the last shards are empty.
+    """
     if shards < 1:
         raise UserError(f"shards must be an integer >= 1; got {shards!r}")
-    base, extra = divmod(rows, shards)
-    ranges, start = [], 0
-    for shard in range(shards):
-        end = start + base + (1 if shard < extra else 0)
-        ranges.append((start, end))
-        start = end
-    return ranges
+    before = np.concatenate([[0], np.cumsum(costs, dtype=np.int64)])  # before[i]: cost of rows < i
+    targets = before[-1] * np.arange(1, shards) / shards
+    after = np.searchsorted(before, targets, side="left").clip(max=len(costs))
+    nearer_before = (after > 0) & (targets - before[np.maximum(after - 1, 0)] < before[after] - targets)
+    cuts = np.maximum.accumulate(np.where(nearer_before, after - 1, after))
+    bounds = [0, *(int(c) for c in cuts), len(costs)]
+    return list(zip(bounds[:-1], bounds[1:]))
 
 
 def fingerprint(path: str) -> dict:
@@ -48,6 +67,7 @@ class Plan:
     input_fingerprint: dict
     rows: int
     ranges: tuple[tuple[int, int], ...]
+    costs: tuple[int, ...] = ()  # estimated tokens per shard (COST_ESTIMATE)
 
     @property
     def shards(self) -> int:
@@ -65,8 +85,9 @@ class Plan:
             )
 
 
-def make_plan(inp: InputSettings, shards: int) -> Plan:
-    """Scan the input and cut it into `shards` ranges; an empty or unusable input is refused."""
+def make_plan(inp: InputSettings, shards: int, max_length: int) -> Plan:
+    """Scan the input and cut it into `shards` ranges of about equal estimated cost; an empty or
+    unusable input is refused."""
     stamp = fingerprint(inp.path)
     scan = scan_input(inp)
     if scan.rows == 0:
@@ -77,10 +98,13 @@ def make_plan(inp: InputSettings, shards: int) -> Plan:
             f"input.text_column `{inp.text_column}` is null in {scan.null_texts} row(s) (first: {listed}); "
             "fix the input or set input.null_text: empty"
         )
-    ranges = tuple(split_ranges(scan.rows, shards))
+    row_costs = estimated_tokens(scan.chars, max_length)
+    ranges = tuple(balanced_ranges(row_costs, shards))
+    costs = tuple(int(row_costs[s:e].sum()) for s, e in ranges)
     body = {"input_path": inp.path, "input_fingerprint": stamp, "rows": scan.rows, "ranges": ranges}
     plan_id = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
-    return Plan(plan_id=plan_id, input_path=inp.path, input_fingerprint=stamp, rows=scan.rows, ranges=ranges)
+    return Plan(plan_id=plan_id, input_path=inp.path, input_fingerprint=stamp, rows=scan.rows, ranges=ranges,
+                costs=costs)
 
 
 def write_plan(plan: Plan, path: str) -> None:
@@ -91,7 +115,9 @@ def write_plan(plan: Plan, path: str) -> None:
             "plan_id": plan.plan_id,
             "input": {"path": plan.input_path, **plan.input_fingerprint},
             "rows": plan.rows,
-            "shards": [{"shard": i, "start": s, "end": e} for i, (s, e) in enumerate(plan.ranges)],
+            "cost": {"estimate": COST_ESTIMATE, "total": sum(plan.costs)},
+            "shards": [{"shard": i, "start": s, "end": e, "rows": e - s, "cost": c}
+                       for i, ((s, e), c) in enumerate(zip(plan.ranges, plan.costs))],
         },
     )
 
@@ -107,6 +133,7 @@ def read_plan(path: str) -> Plan:
         input_fingerprint={"size": data["input"]["size"], "mtime_ns": data["input"]["mtime_ns"]},
         rows=data["rows"],
         ranges=tuple((s["start"], s["end"]) for s in shards),
+        costs=tuple(s["cost"] for s in shards),
     )
 
 
@@ -123,13 +150,13 @@ def remove_stale_shards(shard_dir: str, shards: int) -> list[str]:
     return [str(p) for p in stale]
 
 
-def run_plan(inp: InputSettings, shards: int, plan_path: str, shard_dir: str | None = None) -> Plan:
+def run_plan(inp: InputSettings, shards: int, max_length: int, plan_path: str, shard_dir: str | None = None) -> Plan:
     """The plan rule: scan, cut, write; logs the ranges."""
-    plan = make_plan(inp, shards)
+    plan = make_plan(inp, shards, max_length)
     if shard_dir is not None:
         remove_stale_shards(shard_dir, shards)
     write_plan(plan, plan_path)
     sizes = [e - s for s, e in plan.ranges]
-    log.info("planned %d rows of %s into %d shards (sizes %d..%d), plan %s",
-             plan.rows, inp.path, plan.shards, min(sizes), max(sizes), plan.plan_id)
+    log.info("planned %d rows of %s into %d shards (rows %d..%d, estimated tokens %d..%d), plan %s",
+             plan.rows, inp.path, plan.shards, min(sizes), max(sizes), min(plan.costs), max(plan.costs), plan.plan_id)
     return plan

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
@@ -111,11 +112,27 @@ def iter_range(inp: InputSettings, start: int, end: int) -> Iterator[tuple[int, 
             return
 
 
+def windows(batches: Iterator[tuple[int, pa.RecordBatch]], size: int) -> Iterator[tuple[int, pa.Table]]:
+    """Regroup (first row, batch) pairs into tables of `size` rows (the last may be shorter)."""
+    pending, first = [], None
+    for start, batch in batches:
+        first = start if first is None else first
+        pending.append(batch)
+        table = pa.Table.from_batches(pending)
+        while table.num_rows >= size:
+            yield first, table.slice(0, size)
+            first, table = first + size, table.slice(size)
+        pending = table.to_batches()
+    if pending and sum(b.num_rows for b in pending) > 0:
+        yield first, pa.Table.from_batches(pending)
+
+
 @dataclass(frozen=True)
 class InputScan:
     rows: int
     null_texts: int
     first_null_rows: tuple[int, ...]
+    chars: np.ndarray  # characters of each row's text (0 for null), for the plan's cost estimate
 
 
 def _check_columns(inp: InputSettings) -> None:
@@ -133,19 +150,32 @@ def _check_text_type(inp: InputSettings, text: pa.Array) -> None:
 
 
 def scan_input(inp: InputSettings) -> InputScan:
-    """Count the rows and check every text value once, streaming; raises on anything unusable."""
+    """Count the rows, measure and check every text value once, streaming; raises on anything unusable."""
     _check_columns(inp)
-    rows, nulls, first_nulls = 0, 0, []
+    rows, nulls, first_nulls, chars = 0, 0, [], []
     for batch in iter_input(inp):
         text = batch.column(0)
         if text.type != pa.null():
             _check_text_type(inp, text)
+        chars.append(text_lengths(text))
         if text.null_count:
             positions = pc.indices_nonzero(text.is_null()).to_pylist()
             nulls += len(positions)
             first_nulls.extend(rows + p for p in positions[: NULLS_LISTED - len(first_nulls)])
         rows += batch.num_rows
-    return InputScan(rows=rows, null_texts=nulls, first_null_rows=tuple(first_nulls))
+    lengths = np.concatenate(chars) if chars else np.zeros(0, dtype=np.int32)
+    return InputScan(rows=rows, null_texts=nulls, first_null_rows=tuple(first_nulls), chars=lengths)
+
+
+def text_lengths(text: pa.Array) -> np.ndarray:
+    """Characters per value (0 for null) as int32."""
+    if text.type == pa.null():
+        return np.zeros(len(text), dtype=np.int32)
+    if pa.types.is_dictionary(text.type):
+        text = text.dictionary_decode()
+    if pa.types.is_string_view(text.type):
+        text = text.cast(pa.string())
+    return pc.fill_null(pc.utf8_length(text), 0).to_numpy(zero_copy_only=False).astype(np.int32)
 
 
 def count_rows(inp: InputSettings) -> int:

@@ -1,0 +1,24 @@
+"""Snakemake adapter of the tokenize rule: see shardinfer.tokens.run_tokenize.
+
+The settings come from the (validated) config rather than a param, so that changing the model
+but not its tokenizer leaves this rule's params, and so its token files, as they are.
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
+snakemake = globals()["snakemake"]  # the job object injected by the script: directive
+
+from shardinfer.config import settings_from_config  # noqa: E402
+from shardinfer.jobs import run_job  # noqa: E402
+from shardinfer.tokens import TokenizeJob, run_tokenize  # noqa: E402
+
+job = TokenizeJob(
+    settings=settings_from_config(snakemake.config),
+    plan_path=snakemake.input.plan,
+    shard=int(snakemake.wildcards.shard),
+    output=snakemake.output.tokens,
+    tokenizer_key=snakemake.params.tokenizer_key,
+)
+run_job(snakemake.log[0], run_tokenize, job)

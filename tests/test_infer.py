@@ -1,0 +1,186 @@
+"""The shard runner's parts: background stages with bounded queues, out-of-memory splitting, and
+token ids made ahead by the tokenize rule giving exactly the output of tokenizing in the job."""
+
+import dataclasses
+import json
+import logging
+import threading
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from factory import input_frame, input_settings, write_input
+from shardinfer.config import STATS_KEY, BatchSettings, ModelSettings, Settings
+from shardinfer.errors import UserError
+from shardinfer.infer import Batcher, Counters, ShardJob, predict_window, run_shard
+from shardinfer.pipeline import Pipeline
+from shardinfer.plan import run_plan
+from shardinfer.tokens import TokenizeJob, TokenWindow, run_tokenize
+
+
+def test_stages_hand_on_every_item_in_order():
+    with Pipeline(depth=2) as pipeline:
+        squares = pipeline.map("square", lambda x: x * x, pipeline.source("count", range(100)))
+        got = list(pipeline.drain("main", squares))
+    assert got == [x * x for x in range(100)]
+
+
+def test_a_source_runs_at_most_a_few_items_ahead_of_a_slow_consumer():
+    """Bounded queues: memory stays flat however long the shard is."""
+    produced, ahead = [], []
+
+    def items():
+        for i in range(50):
+            produced.append(i)
+            yield i
+
+    with Pipeline(depth=2) as pipeline:
+        doubled = pipeline.map("double", lambda x: 2 * x, pipeline.source("read", items()))
+        for consumed, _ in enumerate(pipeline.drain("main", doubled)):
+            time.sleep(0.005)
+            ahead.append(len(produced) - consumed)
+    assert max(ahead) <= 2 * 2 + 3  # two queues of two, plus one item in each worker's hands
+
+
+def test_a_failing_worker_fails_the_main_thread_with_its_error():
+    def explode(x):
+        if x == 7:
+            raise UserError("row 7 is bad")
+        return x
+
+    with pytest.raises(UserError, match="row 7 is bad"):
+        with Pipeline() as pipeline:
+            for _ in pipeline.drain("main", pipeline.map("check", explode, pipeline.source("read", range(1000)))):
+                pass
+
+
+def test_a_failing_sink_stops_the_main_thread_and_no_thread_is_left():
+    def write(item):
+        raise OSError("No space left on device")
+
+    before = threading.active_count()
+    with pytest.raises(OSError, match="No space left"):
+        with Pipeline() as pipeline:
+            out = pipeline.sink("write", write)
+            for item in pipeline.drain("main", pipeline.source("read", range(1000))):
+                pipeline.put(out, item)
+            pipeline.finish(out)
+    assert threading.active_count() == before
+
+
+def test_a_failure_in_the_main_thread_stops_the_workers():
+    before = threading.active_count()
+    with pytest.raises(RuntimeError, match="device lost"):
+        with Pipeline() as pipeline:
+            for item in pipeline.drain("device", pipeline.source("read", iter(range(10**9)))):
+                if item == 3:
+                    raise RuntimeError("device lost")
+    assert threading.active_count() == before
+
+
+def test_the_report_names_the_slowest_stage():
+    with Pipeline() as pipeline:
+        slow = pipeline.map("tokenize", lambda x: time.sleep(0.02) or x, pipeline.source("read", range(10)))
+        for _ in pipeline.drain("device", slow):
+            time.sleep(0.001)
+    assert pipeline.bottleneck().name == "tokenize"
+    assert pipeline.report().endswith("bound by tokenize")
+    device = next(s for s in pipeline.stages if s.name == "device")
+    assert device.waited_s > 0.1  # the device waited on tokenizing
+
+
+def fake_batcher(max_rows=8):
+    tokenizer = SimpleNamespace(padding_side="right", model_input_names=["input_ids", "attention_mask"])
+    return Batcher(tokenizer, pad_id=0, batch=BatchSettings(1000, max_rows, 64), pin=False)
+
+
+def test_out_of_memory_splits_the_batch_down_to_one_row():
+    class Task:
+        calls = []
+
+        def predict(self, inputs):
+            lengths = inputs["attention_mask"].sum(1)
+            self.calls.append(len(lengths))
+            if len(lengths) > 2 or bool((lengths == 7).any()):
+                raise torch.OutOfMemoryError("simulated")
+            return {"n": lengths.numpy()}
+
+    def run(lengths):
+        batcher = fake_batcher()
+        window = batcher.prepare(TokenWindow(100, [[1] * n for n in lengths], []), pa.table({}), Counters())
+        return predict_window(Task(), batcher, window, torch.device("cpu"))
+
+    assert run([1, 2, 3, 4, 5, 6])["n"].tolist() == [1, 2, 3, 4, 5, 6]
+    assert max(Task.calls) == 6 and 1 in Task.calls
+    with pytest.raises(UserError, match=r"row 102 \(7 tokens\) does not fit in device memory even alone"):
+        run([1, 1, 7])
+
+
+def test_prepared_tensors_pad_each_batch_to_its_longest_row_and_empty_rows_to_one_token():
+    ids = [[5, 6, 7], [], [8, 9], [4]]
+    window = fake_batcher(max_rows=2).prepare(TokenWindow(0, ids, []), pa.table({}), Counters())
+    for positions, inputs in window.batches:
+        assert inputs["input_ids"].shape == (len(positions), max(max(len(ids[p]), 1) for p in positions))
+        assert inputs["attention_mask"].sum(1).tolist() == [max(len(ids[p]), 1) for p in positions]
+    assert sorted(np.concatenate([positions for positions, _ in window.batches]).tolist()) == [0, 1, 2, 3]
+
+
+ROWS = 300
+
+
+@pytest.fixture(scope="module")
+def shard_inputs(models, tmp_path_factory):
+    root = tmp_path_factory.mktemp("infer")
+    frame = input_frame(ROWS, seed=3)
+    frame.loc[160, "text"] = ""
+    frame.loc[200, "text"] = "long " * 200  # cut at max_length
+    inp = input_settings(write_input(frame, root / "in.parquet"), keep_columns=("id",))
+    model = ModelSettings(path=str(models.classifier), adapter=None, task="classify", max_length=32, dtype="auto",
+                          trust_remote_code=False, allow_pickle=False, pooling="mean", normalize=False)
+    settings = Settings(input=inp, model=model, batch=BatchSettings(512, 32, 64), shards=2)
+    run_plan(inp, 2, 32, str(root / "plan.json"))
+    return root, settings
+
+
+def shard_job(root, settings, name, **extra):
+    return ShardJob(settings, str(root / "plan.json"), 1, str(root / name), "digest", **extra)
+
+
+def test_token_ids_made_ahead_give_exactly_the_same_shard(shard_inputs, caplog):
+    root, settings = shard_inputs
+    caplog.set_level(logging.INFO)
+    inline = run_shard(shard_job(root, settings, "inline.parquet"))
+    assert 200 in inline["first_truncated_rows"] or inline["truncated"] > 5
+    assert inline["bound_by"] in {"read", "tokenize", "batch", "device", "write"}
+    assert any("stages: read" in r.getMessage() and "bound by" in r.getMessage() for r in caplog.records)
+    tokens = root / "tokens" / "1.parquet"
+    assert run_tokenize(TokenizeJob(settings, str(root / "plan.json"), 1, str(tokens), "key-a")) > 0
+    ahead = run_shard(shard_job(root, settings, "ahead.parquet", tokens=str(tokens), tokenizer_key="key-a"))
+    assert pq.read_table(root / "ahead.parquet").equals(pq.read_table(root / "inline.parquet"))
+    for key in ("rows", "real_tokens", "padded_tokens", "truncated", "first_truncated_rows"):
+        assert ahead[key] == inline[key]
+    stats = json.loads(pq.ParquetFile(root / "ahead.parquet").metadata.metadata[STATS_KEY])
+    assert stats["bound_by"] in {"read", "read tokens", "batch", "device", "write"}
+
+
+def test_token_ids_of_another_tokenizer_or_plan_are_refused(shard_inputs):
+    root, settings = shard_inputs
+    tokens = root / "tokens-b" / "1.parquet"
+    run_tokenize(TokenizeJob(settings, str(root / "plan.json"), 1, str(tokens), "key-b"))
+    with pytest.raises(UserError, match=r"token file `.*1.parquet` was made for .*key-b.*not .*key-c.*delete it"):
+        run_shard(shard_job(root, settings, "wrong.parquet", tokens=str(tokens), tokenizer_key="key-c"))
+    assert not (root / "wrong.parquet").exists()
+    wider = dataclasses.replace(settings, batch=BatchSettings(512, 32, 7))  # other windows: still lines up
+    run_shard(ShardJob(wider, str(root / "plan.json"), 1, str(root / "w7.parquet"), "digest", tokens=str(tokens),
+                       tokenizer_key="key-b"))
+    assert pq.read_table(root / "w7.parquet").column("index").to_pylist() == list(range(*read_range(root, 1)))
+
+
+def read_range(root, shard):
+    return json.loads((root / "plan.json").read_text())["shards"][shard]["start"], \
+        json.loads((root / "plan.json").read_text())["shards"][shard]["end"]

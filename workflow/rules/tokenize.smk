@@ -1,0 +1,18 @@
+rule tokenize:
+    input:
+        plan=rules.plan.output.plan,
+        table=SETTINGS.input.path,
+    output:
+        tokens=TOKENS_FILE,
+    log:
+        "logs/tokenize/{shard}.log",
+    benchmark:
+        "logs/tokenize/{shard}.benchmark.tsv"
+    conda:
+        "../../envs/inference.yaml"
+    threads: 4
+    params:
+        # The only tracked param: token files are reused while it holds, whatever the model.
+        tokenizer_key=TOKENIZER_KEY,
+    script:
+        "../../scripts/tokenize.py"

@@ -1,0 +1,120 @@
+"""Token ids: made inside the shard job (in a background thread), or ahead by the tokenize rule.
+
+The tokenize rule writes one file per shard under results/tokens/<tokenizer digest>/ holding
+each row's ids, unpadded, and whether the text was cut at max_length. Its metadata names the
+plan, range and tokenizer it was made under; a shard job reading it checks all three, so token
+ids from another plan or another tokenizer are refused rather than silently used.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from shardinfer.atomic import atomic_parquet_writer
+from shardinfer.config import INDEX_COLUMN, Settings
+from shardinfer.errors import UserError
+from shardinfer.plan import Plan, read_plan
+from shardinfer.tables import iter_range, text_values, windows
+
+log = logging.getLogger(__name__)
+TOKENS_KEY = b"shardinfer.tokens"  # token file metadata: plan, range and tokenizer
+
+
+class Encoder:
+    """Tokenizes without padding; finds the texts cut at max_length."""
+
+    def __init__(self, tokenizer, max_length: int) -> None:
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+
+    def encode(self, texts: list[str]) -> tuple[list[list[int]], list[int]]:
+        """Each text's ids (special tokens included) and the positions of texts that were cut."""
+        ids = self.tokenizer(texts, truncation=True, max_length=self.max_length, add_special_tokens=True)["input_ids"]
+        at_limit = [i for i, row in enumerate(ids) if len(row) >= self.max_length]
+        truncated = []
+        if at_limit:
+            full = self.tokenizer([texts[i] for i in at_limit], add_special_tokens=True)["input_ids"]
+            truncated = [i for i, row in zip(at_limit, full) if len(row) > self.max_length]
+        return ids, truncated
+
+
+@dataclass(frozen=True)
+class TokenWindow:
+    first: int
+    ids: list  # one sequence of ids per row
+    truncated: list[int]  # window positions of texts cut at max_length
+
+
+def token_identity(plan: Plan, shard: int, tokenizer_key: str) -> dict:
+    start, end = plan.ranges[shard]
+    return {"plan_id": plan.plan_id, "shard": shard, "start": start, "end": end, "tokenizer": tokenizer_key}
+
+
+def tokens_schema(identity: dict) -> pa.Schema:
+    fields = [pa.field(INDEX_COLUMN, pa.int64()), pa.field("input_ids", pa.list_(pa.int32())),
+              pa.field("truncated", pa.bool_())]
+    return pa.schema(fields, metadata={TOKENS_KEY: json.dumps(identity).encode()})
+
+
+def tokens_table(window: TokenWindow, rows: int, schema: pa.Schema) -> pa.Table:
+    index = pa.array(np.arange(window.first, window.first + rows, dtype=np.int64))
+    cut = np.zeros(rows, dtype=bool)
+    cut[window.truncated] = True
+    return pa.Table.from_arrays([index, pa.array(window.ids, type=pa.list_(pa.int32())), pa.array(cut)], schema=schema)
+
+
+@dataclass(frozen=True)
+class TokenizeJob:
+    settings: Settings
+    plan_path: str
+    shard: int
+    output: str
+    tokenizer_key: str
+
+
+def run_tokenize(job: TokenizeJob) -> int:
+    """The tokenize rule: the shard's rows into token ids, streamed window by window, atomically."""
+    from shardinfer.models import load_tokenizer
+
+    plan = read_plan(job.plan_path)
+    plan.check_input_unchanged()
+    start, end = plan.ranges[job.shard]
+    settings = job.settings
+    encoder = Encoder(load_tokenizer(settings.model), settings.model.max_length)
+    schema = tokens_schema(token_identity(plan, job.shard, job.tokenizer_key))
+    rows, tokens, truncated, started = 0, 0, 0, time.perf_counter()
+    with atomic_parquet_writer(job.output, schema) as writer:
+        for first, table in windows(iter_range(settings.input, start, end), settings.batch.sort_window):
+            ids, cut = encoder.encode(text_values(table.column(0).combine_chunks(), settings.input.null_text == "empty"))
+            writer.write_table(tokens_table(TokenWindow(first, ids, cut), table.num_rows, schema))
+            rows, tokens, truncated = rows + table.num_rows, tokens + sum(map(len, ids)), truncated + len(cut)
+    seconds = time.perf_counter() - started
+    log.info("tokenized shard %d: %d rows, %d tokens (%d texts cut at max_length=%d) in %.1f s, %.0f tokens/s",
+             job.shard, rows, tokens, truncated, settings.model.max_length, seconds, tokens / max(seconds, 1e-9))
+    return rows
+
+
+def read_token_windows(path: str, expected: dict, size: int) -> Iterator[TokenWindow]:
+    """The token file's rows in windows of `size`, after proving it was made for this shard."""
+    try:
+        handle = pq.ParquetFile(path)
+        found = json.loads((handle.schema_arrow.metadata or {}).get(TOKENS_KEY, b"null"))
+    except (OSError, pa.ArrowInvalid, ValueError) as error:
+        raise UserError(f"token file `{path}` cannot be read ({error}); delete it and rerun") from error
+    if found != expected:
+        raise UserError(f"token file `{path}` was made for {found}, not {expected}; delete it and rerun")
+    batches = ((int(b.column(0)[0].as_py()), b) for b in handle.iter_batches(batch_size=size) if b.num_rows)
+    for first, table in windows(batches, size):
+        ids = table.column("input_ids").combine_chunks()
+        offsets, values = ids.offsets.to_numpy(), ids.values.to_numpy()
+        rows = [values[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+        truncated = np.flatnonzero(table.column("truncated").to_numpy()).tolist()
+        yield TokenWindow(first, rows, truncated)
