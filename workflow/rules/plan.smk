@@ -5,6 +5,8 @@ rule plan:
         plan="results/plan.json",
     log:
         "logs/plan.log",
+    benchmark:
+        "logs/plan.benchmark.tsv"
     conda:
         "../../envs/inference.yaml"
     params:

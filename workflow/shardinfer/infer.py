@@ -126,15 +126,28 @@ def predict_splitting(task, batcher: Batcher, ids: list, positions: np.ndarray, 
 
 
 def predict_window(task, batcher: Batcher, window: Prepared, device) -> dict[str, np.ndarray]:
-    """Run one window's batches on the device; results come back in the rows' order."""
+    """Run one window's batches on the device; results come back in the rows' order.
+
+    Each batch's results are copied back after the next batch is queued: one batch in flight.
+    """
     ids, rows = window.tokens.ids, len(window.tokens.ids)
     results: dict[str, np.ndarray] = {}
+
+    def store(positions: np.ndarray, outputs: dict) -> None:
+        for name, values in outputs.items():
+            values = values.cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
+            if name not in results:
+                results[name] = np.empty((rows, *values.shape[1:]), dtype=values.dtype)
+            results[name][positions] = values
+
+    in_flight = None
     for planned, inputs in window.batches:
-        for positions, outputs in predict_splitting(task, batcher, ids, planned, inputs, device, window.tokens.first):
-            for name, values in outputs.items():
-                if name not in results:
-                    results[name] = np.empty((rows, *values.shape[1:]), dtype=values.dtype)
-                results[name][positions] = values
+        for done in predict_splitting(task, batcher, ids, planned, inputs, device, window.tokens.first):
+            if in_flight is not None:
+                store(*in_flight)
+            in_flight = done
+    if in_flight is not None:
+        store(*in_flight)
     return results
 
 

@@ -36,8 +36,12 @@ class Task:
     def output_schema(self) -> pa.Schema:
         raise NotImplementedError
 
-    def predict(self, inputs: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
-        """Per-row results of one batch, as arrays whose first axis is the batch's rows."""
+    def predict(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Per-row results of one batch, as tensors whose first axis is the batch's rows.
+
+        Left on the device: the runner copies them to the host only after it has queued the next
+        batch, so the device never idles while a result travels back.
+        """
         raise NotImplementedError
 
     def to_arrow(self, results: dict[str, np.ndarray]) -> list[pa.Array]:

@@ -48,10 +48,10 @@ class Task(BaseTask):
     def output_schema(self) -> pa.Schema:
         return pa.schema([("label", pa.string()), ("label_id", pa.int64()), ("probs", pa.list_(pa.float32()))])
 
-    def predict(self, inputs: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    def predict(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         logits = self.model(**inputs).logits.float()
         probs = torch.softmax(logits, dim=-1)
-        return {"label_id": probs.argmax(dim=-1).cpu().numpy(), "probs": probs.cpu().numpy()}
+        return {"label_id": probs.argmax(dim=-1), "probs": probs}
 
     def to_arrow(self, results: dict[str, np.ndarray]) -> list[pa.Array]:
         ids = results["label_id"].astype(np.int64)

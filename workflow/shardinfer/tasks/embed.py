@@ -25,12 +25,12 @@ class Task(BaseTask):
     def output_schema(self) -> pa.Schema:
         return pa.schema([("embedding", pa.list_(pa.float32()))])
 
-    def predict(self, inputs: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    def predict(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         hidden = self.model(**inputs).last_hidden_state.float()
         vectors = pool(hidden, inputs["attention_mask"], self.settings.pooling)
         if self.settings.normalize:
             vectors = torch.nn.functional.normalize(vectors, p=2, dim=-1)
-        return {"embedding": vectors.cpu().numpy()}
+        return {"embedding": vectors}
 
     def to_arrow(self, results: dict[str, np.ndarray]) -> list[pa.Array]:
         return [matrix_to_list_array(results["embedding"])]
