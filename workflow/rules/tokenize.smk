@@ -15,4 +15,4 @@ rule tokenize:
         # The only tracked param: token files are reused while it holds, whatever the model.
         tokenizer_key=TOKENIZER_KEY,
     script:
-        "../../scripts/tokenize.py"
+        "../../scripts/tokenize_shard.py"

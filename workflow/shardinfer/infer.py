@@ -194,9 +194,15 @@ def start_runtime(settings: Settings, lease: Lease, threads: int) -> Runtime:
     return Runtime(task, encoder, batcher, device, where, str(dtype).replace("torch.", ""))
 
 
+def first_window(sort_window: int) -> int:
+    """A short first window: the device starts after 1/16 of a window is tokenized, not all of it."""
+    return max(1, sort_window // 16)
+
+
 def read_windows(job: ShardJob, plan: Plan) -> Iterator[tuple[int, pa.Table]]:
     start, end = plan.ranges[job.shard]
-    return windows(iter_range(job.settings.input, start, end), job.settings.batch.sort_window)
+    size = job.settings.batch.sort_window
+    return windows(iter_range(job.settings.input, start, end), size, first_window(size))
 
 
 def tokenized(job: ShardJob, plan: Plan, encoder: Encoder, pipeline: Pipeline):
@@ -212,7 +218,8 @@ def tokenized(job: ShardJob, plan: Plan, encoder: Encoder, pipeline: Pipeline):
 
         return pipeline.map("tokenize", tokenize, read)
     expected = token_identity(plan, job.shard, job.tokenizer_key)
-    made = read_token_windows(job.tokens, expected, job.settings.batch.sort_window)
+    size = job.settings.batch.sort_window
+    made = read_token_windows(job.tokens, expected, size, first_window(size))
 
     def pair(item):
         first, table = item

@@ -112,16 +112,20 @@ def iter_range(inp: InputSettings, start: int, end: int) -> Iterator[tuple[int, 
             return
 
 
-def windows(batches: Iterator[tuple[int, pa.RecordBatch]], size: int) -> Iterator[tuple[int, pa.Table]]:
-    """Regroup (first row, batch) pairs into tables of `size` rows (the last may be shorter)."""
-    pending, first = [], None
+def windows(batches: Iterator[tuple[int, pa.RecordBatch]], size: int, first_size: int | None = None
+            ) -> Iterator[tuple[int, pa.Table]]:
+    """Regroup (first row, batch) pairs into tables of `size` rows (the last may be shorter).
+
+    The first table may be smaller (`first_size`), so that the stages after it start sooner.
+    """
+    pending, first, want = [], None, first_size or size
     for start, batch in batches:
         first = start if first is None else first
         pending.append(batch)
         table = pa.Table.from_batches(pending)
-        while table.num_rows >= size:
-            yield first, table.slice(0, size)
-            first, table = first + size, table.slice(size)
+        while table.num_rows >= want:
+            yield first, table.slice(0, want)
+            first, table, want = first + want, table.slice(want), size
         pending = table.to_batches()
     if pending and sum(b.num_rows for b in pending) > 0:
         yield first, pa.Table.from_batches(pending)

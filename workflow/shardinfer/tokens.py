@@ -102,7 +102,7 @@ def run_tokenize(job: TokenizeJob) -> int:
     return rows
 
 
-def read_token_windows(path: str, expected: dict, size: int) -> Iterator[TokenWindow]:
+def read_token_windows(path: str, expected: dict, size: int, first_size: int | None = None) -> Iterator[TokenWindow]:
     """The token file's rows in windows of `size`, after proving it was made for this shard."""
     try:
         handle = pq.ParquetFile(path)
@@ -112,7 +112,7 @@ def read_token_windows(path: str, expected: dict, size: int) -> Iterator[TokenWi
     if found != expected:
         raise UserError(f"token file `{path}` was made for {found}, not {expected}; delete it and rerun")
     batches = ((int(b.column(0)[0].as_py()), b) for b in handle.iter_batches(batch_size=size) if b.num_rows)
-    for first, table in windows(batches, size):
+    for first, table in windows(batches, size, first_size):
         ids = table.column("input_ids").combine_chunks()
         offsets, values = ids.offsets.to_numpy(), ids.values.to_numpy()
         rows = [values[a:b] for a, b in zip(offsets[:-1], offsets[1:])]

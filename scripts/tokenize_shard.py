@@ -1,4 +1,5 @@
-"""Snakemake adapter of the tokenize rule: see shardinfer.tokens.run_tokenize.
+"""Snakemake adapter of the tokenize rule: see shardinfer.tokens.run_tokenize (not named tokenize.py,
+which would shadow the standard library module of that name for scripts run from this folder).
 
 The settings come from the (validated) config rather than a param, so that changing the model
 but not its tokenizer leaves this rule's params, and so its token files, as they are.
