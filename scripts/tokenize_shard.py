@@ -21,5 +21,6 @@ job = TokenizeJob(
     shard=int(snakemake.wildcards.shard),
     output=snakemake.output.tokens,
     tokenizer_key=snakemake.params.tokenizer_key,
+    threads=snakemake.threads,
 )
 run_job(snakemake.log[0], run_tokenize, job)

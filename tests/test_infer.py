@@ -94,6 +94,16 @@ def test_the_report_names_the_slowest_stage():
     assert device.waited_s > 0.1  # the device waited on tokenizing
 
 
+def test_a_slow_writer_is_named_not_the_device_that_waits_for_it():
+    with Pipeline(depth=1) as pipeline:
+        out = pipeline.sink("write", lambda item: time.sleep(0.02))
+        for item in pipeline.drain("device", pipeline.source("read", range(20))):
+            pipeline.put(out, item)
+        pipeline.finish(out)
+    assert pipeline.bottleneck().name == "write"
+    assert next(s for s in pipeline.stages if s.name == "device").busy_s < 0.1
+
+
 def fake_batcher(max_rows=8):
     tokenizer = SimpleNamespace(padding_side="right", model_input_names=["input_ids", "attention_mask"])
     return Batcher(tokenizer, pad_id=0, batch=BatchSettings(1000, max_rows, 64), pin=False)

@@ -123,3 +123,23 @@ def test_null_texts_are_refused_with_count_and_first_rows(tmp_path):
     with pytest.raises(UserError, match=r"is null in 3 row\(s\) \(first: 3, 9, 11\).*null_text: empty"):
         make_plan(settings_for(path), 2, 32)
     assert make_plan(settings_for(path, null_text="empty"), 2, 32).rows == 20
+
+
+@pytest.mark.parametrize("shards", [2, 4, 7, 21])
+def test_no_empty_shard_while_rows_suffice_even_with_one_huge_row(shards):
+    costs = np.array([512] + [3] * 20)
+    ranges = balanced_ranges(costs, shards)
+    check_cover(ranges, 21, shards)
+    assert all(end > start for start, end in ranges)
+    assert ranges[0] == (0, 1)  # the long row alone; the short ones shared by the rest
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_no_empty_shard_on_random_costs(seed):
+    rng = np.random.default_rng(seed)
+    for rows in (1, 2, 5, 40):
+        for shards in range(1, rows + 1):
+            costs = rng.integers(1, 1000, size=rows)
+            ranges = balanced_ranges(costs, shards)
+            check_cover(ranges, rows, shards)
+            assert all(end > start for start, end in ranges)

@@ -38,11 +38,12 @@ def cheapest_cuts(widths: np.ndarray, cuts: np.ndarray, max_tokens: int, max_row
     capacity = row_capacity(widths[cuts[:-1]], max_tokens, max_rows)
     best, previous = np.zeros(len(cuts)), np.zeros(len(cuts), dtype=np.int64)
     for b in range(1, len(cuts)):
-        rows = cuts[b] - cuts[:b]
-        cost = best[:b] + rows * widths[cuts[:b]] + overhead
-        cost[rows > capacity[:b]] = np.inf
-        previous[b] = int(np.argmin(cost))
-        best[b] = cost[previous[b]]
+        lo = int(np.searchsorted(cuts, cuts[b] - max_rows))  # no batch holds more than max_rows
+        rows = cuts[b] - cuts[lo:b]
+        cost = best[lo:b] + rows * widths[cuts[lo:b]] + overhead
+        cost[rows > capacity[lo:b]] = np.inf
+        previous[b] = lo + int(np.argmin(cost))
+        best[b] = cost[previous[b] - lo]
     chosen, b = [len(cuts) - 1], len(cuts) - 1
     while b > 0:
         b = previous[b]

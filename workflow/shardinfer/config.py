@@ -209,15 +209,19 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def tokenizer_digest(settings: Settings) -> str:
-    """A digest of what decides the token ids: the tokenizer's files (by content), the model type
-    that picks its class, max_length and the text settings. Not the weights: token files made
-    for one model are reused by another with the same tokenizer."""
+    """A digest of what decides the token ids: the tokenizer's files (by content; remote code too,
+    when allowed), the config entries that pick its class, the transformers and tokenizers
+    versions, max_length and the text settings. Not the weights: token files made for one model
+    are reused by another with the same tokenizer."""
+    from importlib.metadata import version
+
     folder = Path(settings.model.path)
+    code = settings.model.trust_remote_code
     files = sorted((p.name, hashlib.sha256(p.read_bytes()).hexdigest()) for p in folder.iterdir()
-                   if p.is_file() and (p.name in TOKENIZER_FILES or p.suffix == ".tiktoken"))
-    config = folder / "config.json"
-    model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
-    relevant = {"files": files, "model_type": model_type, "max_length": settings.model.max_length,
+                   if p.is_file() and (p.name in TOKENIZER_FILES or p.suffix == ".tiktoken" or (code and p.suffix == ".py")))
+    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+    relevant = {"files": files, "model_type": config.get("model_type"), "tokenizer_class": config.get("tokenizer_class"),
+                "versions": [version("transformers"), version("tokenizers")], "max_length": settings.model.max_length,
                 "trust_remote_code": settings.model.trust_remote_code, "text_column": settings.input.text_column,
                 "null_text": settings.input.null_text}
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]

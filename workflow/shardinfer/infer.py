@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -30,7 +31,7 @@ from shardinfer.pipeline import Pipeline
 from shardinfer.plan import Plan, read_plan
 from shardinfer.tables import iter_input, iter_range, text_values, windows
 from shardinfer.tasks import load_task
-from shardinfer.tokens import Encoder, TokenWindow, read_token_windows, token_identity
+from shardinfer.tokens import Encoder, TokenWindow, check_token_file, read_token_windows, token_identity
 
 log = logging.getLogger(__name__)
 
@@ -109,11 +110,14 @@ def predict_splitting(task, batcher: Batcher, ids: list, positions: np.ndarray, 
     """
     try:
         inputs = inputs if inputs is not None else batcher.tensors([ids[p] for p in positions])
-        yield positions, task.predict({name: t.to(device, non_blocking=True) for name, t in inputs.items()})
-        return
+        outputs = task.predict({name: t.to(device, non_blocking=True) for name, t in inputs.items()})
     except torch.OutOfMemoryError:
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        outputs = None
+    if outputs is not None:
+        yield positions, start_copy_back(outputs, device)
+        return
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # outside `except`, whose traceback would keep the failed batch alive
     if len(positions) == 1:
         row = first_row + int(positions[0])
         raise UserError(f"row {row} ({max(len(ids[positions[0]]), 1)} tokens) does not fit in device memory even "
@@ -125,17 +129,44 @@ def predict_splitting(task, batcher: Batcher, ids: list, positions: np.ndarray, 
     yield from predict_splitting(task, batcher, ids, positions[half:], None, device, first_row)
 
 
+@dataclass(frozen=True)
+class CopyBack:
+    """A batch's outputs on their way to host memory; `ready` waits for them."""
+
+    outputs: dict
+    done: object = None  # a CUDA event recorded after the copies, or None when already on the host
+
+    def ready(self) -> dict[str, np.ndarray]:
+        if self.done is not None:
+            self.done.synchronize()
+        return {name: v.numpy() if isinstance(v, torch.Tensor) else np.asarray(v) for name, v in self.outputs.items()}
+
+
+def start_copy_back(outputs: dict, device) -> CopyBack:
+    """On a GPU, queue the copies into pinned host memory right behind the batch's own kernels,
+    so that waiting for them later does not also wait for the batch queued after it."""
+    if device.type != "cuda":
+        return CopyBack({name: v.cpu() if isinstance(v, torch.Tensor) else v for name, v in outputs.items()})
+    host = {}
+    for name, values in outputs.items():
+        host[name] = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+        host[name].copy_(values, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    return CopyBack(host, done)
+
+
 def predict_window(task, batcher: Batcher, window: Prepared, device) -> dict[str, np.ndarray]:
     """Run one window's batches on the device; results come back in the rows' order.
 
-    Each batch's results are copied back after the next batch is queued: one batch in flight.
+    A batch's results are collected only after the next batch is queued: one batch in flight,
+    so the device has work while the host stores results and starts the next batch.
     """
     ids, rows = window.tokens.ids, len(window.tokens.ids)
     results: dict[str, np.ndarray] = {}
 
-    def store(positions: np.ndarray, outputs: dict) -> None:
-        for name, values in outputs.items():
-            values = values.cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
+    def store(positions: np.ndarray, copy: CopyBack) -> None:
+        for name, values in copy.ready().items():
             if name not in results:
                 results[name] = np.empty((rows, *values.shape[1:]), dtype=values.dtype)
             results[name][positions] = values
@@ -217,9 +248,8 @@ def tokenized(job: ShardJob, plan: Plan, encoder: Encoder, pipeline: Pipeline):
             return TokenWindow(first, ids, cut), table.drop_columns([table.column_names[0]])
 
         return pipeline.map("tokenize", tokenize, read)
-    expected = token_identity(plan, job.shard, job.tokenizer_key)
     size = job.settings.batch.sort_window
-    made = read_token_windows(job.tokens, expected, size, first_window(size))
+    made = read_token_windows(job.tokens, size, first_window(size))
 
     def pair(item):
         first, table = item
@@ -247,17 +277,18 @@ def write_shard(job: ShardJob, plan: Plan, runtime: Runtime) -> dict:
 
     with atomic_parquet_writer(job.output, schema) as writer, torch.inference_mode(), Pipeline() as pipeline:
         def write(item):
-            window, results = item
-            index = pa.array(np.arange(window.tokens.first, window.tokens.first + window.keep.num_rows, dtype=np.int64))
-            writer.write_table(pa.Table.from_arrays([index, *window.keep.columns, *task.to_arrow(results)], schema=schema))
-            counters.rows += window.keep.num_rows
+            first, keep, results = item
+            index = pa.array(np.arange(first, first + keep.num_rows, dtype=np.int64))
+            writer.write_table(pa.Table.from_arrays([index, *keep.columns, *task.to_arrow(results)], schema=schema))
+            counters.rows += keep.num_rows
             log.info("rows %d/%d, %.0f rows/s", counters.rows, end - start, counters.rows / (time.perf_counter() - started))
 
         tokens = tokenized(job, plan, runtime.encoder, pipeline)
         prepared = pipeline.map("batch", lambda item: runtime.batcher.prepare(*item, counters), tokens)
         output = pipeline.sink("write", write)
         for window in pipeline.drain("device", prepared):
-            pipeline.put(output, (window, predict_window(task, runtime.batcher, window, runtime.device)))
+            results = predict_window(task, runtime.batcher, window, runtime.device)
+            pipeline.put(output, (window.tokens.first, window.keep, results))  # not the window's tensors
         pipeline.finish(output)
         log.info("%s", pipeline.report())
         stats = counters.stats(time.perf_counter() - started, runtime)
@@ -272,6 +303,9 @@ def run_shard(job: ShardJob) -> dict:
     plan.check_input_unchanged()
     start, end = plan.ranges[job.shard]
     log.info("shard %d of %d: rows [%d, %d) of %s", job.shard, plan.shards, start, end, plan.input_path)
+    if job.tokens is not None:  # refuse token ids of another plan or tokenizer before loading anything
+        check_token_file(job.tokens, token_identity(plan, job.shard, job.tokenizer_key))
+    os.environ.setdefault("RAYON_NUM_THREADS", str(job.threads))  # the tokenizer's threads: this job's share
     lease = acquire_device(wait_s=default_wait_s())
     lease.export()
     try:

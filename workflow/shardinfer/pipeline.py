@@ -40,6 +40,7 @@ class Pipeline:
         self.stop = threading.Event()
         self.errors: list[BaseException] = []
         self.threads: list[threading.Thread] = []
+        self.blocked_s = 0.0  # the main thread's waits in `put`, not counted as its stage's work
 
     def __enter__(self) -> Pipeline:
         return self
@@ -99,17 +100,23 @@ class Pipeline:
     def drain(self, name: str, inbox: queue.Queue) -> Iterator:
         """Items for the main thread; time between them counts as this stage's work."""
         stage = self.stage(name)
-        for item in self._items(inbox, stage):
-            started = time.perf_counter()
-            yield item
-            stage.busy_s += time.perf_counter() - started
+        try:
+            for item in self._items(inbox, stage):
+                started, blocked = time.perf_counter(), self.blocked_s
+                yield item
+                stage.busy_s += time.perf_counter() - started - (self.blocked_s - blocked)
+        except Stopped:
+            self._raise_failure()
 
     def put(self, outbox: queue.Queue, item) -> None:
         """Hand an item from the main thread to a sink (waits while the sink is behind)."""
+        started = time.perf_counter()
         try:
             self._put(outbox, item)
         except Stopped:
             self._raise_failure()
+        finally:
+            self.blocked_s += time.perf_counter() - started
 
     def finish(self, outbox: queue.Queue) -> None:
         """Tell a sink no more items come, and wait for it to finish them."""
@@ -169,7 +176,7 @@ class Pipeline:
                 return inbox.get(timeout=_POLL_S)
             except queue.Empty:
                 if self.stop.is_set():
-                    self._raise_failure()
+                    raise Stopped() from None
 
     def _put(self, outbox: queue.Queue, item) -> None:
         while not self.stop.is_set():

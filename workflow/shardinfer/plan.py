@@ -40,17 +40,23 @@ def balanced_ranges(costs: np.ndarray, shards: int) -> list[tuple[int, int]]:
     """`shards` contiguous [start, end) ranges over the rows, each holding about the same total cost.
 
     Each cut goes to the row boundary nearest its share of the running total, so a shard's cost
-    is off its share by at most one row's cost; equal costs give sizes within one row. With more
-    shards than rows, the last shards are empty.
+    is off its share by at most one row's cost; equal costs give sizes within one row. No shard
+    is empty while there are at least as many rows as shards (one very long row gets a shard of
+    its own instead); with fewer rows, the extra shards are empty.
     """
     if shards < 1:
         raise UserError(f"shards must be an integer >= 1; got {shards!r}")
+    rows = len(costs)
     before = np.concatenate([[0], np.cumsum(costs, dtype=np.int64)])  # before[i]: cost of rows < i
     targets = before[-1] * np.arange(1, shards) / shards
-    after = np.searchsorted(before, targets, side="left").clip(max=len(costs))
+    after = np.searchsorted(before, targets, side="left").clip(max=rows)
     nearer_before = (after > 0) & (targets - before[np.maximum(after - 1, 0)] < before[after] - targets)
-    cuts = np.maximum.accumulate(np.where(nearer_before, after - 1, after))
-    bounds = [0, *(int(c) for c in cuts), len(costs)]
+    cuts = np.maximum.accumulate(np.where(nearer_before, after - 1, after)).tolist()
+    if rows >= shards:
+        for k in range(len(cuts)):  # cut k ends shard k: at least one row before it and after it
+            lowest = cuts[k - 1] + 1 if k else 1
+            cuts[k] = min(max(cuts[k], lowest), rows - (shards - 1 - k))
+    bounds = [0, *(int(c) for c in cuts), rows]
     return list(zip(bounds[:-1], bounds[1:]))
 
 

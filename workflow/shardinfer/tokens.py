@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Iterator
@@ -78,6 +79,7 @@ class TokenizeJob:
     shard: int
     output: str
     tokenizer_key: str
+    threads: int = 1
 
 
 def run_tokenize(job: TokenizeJob) -> int:
@@ -88,6 +90,7 @@ def run_tokenize(job: TokenizeJob) -> int:
     plan.check_input_unchanged()
     start, end = plan.ranges[job.shard]
     settings = job.settings
+    os.environ.setdefault("RAYON_NUM_THREADS", str(job.threads))  # the fast tokenizer's thread pool
     encoder = Encoder(load_tokenizer(settings.model), settings.model.max_length)
     schema = tokens_schema(token_identity(plan, job.shard, job.tokenizer_key))
     rows, tokens, truncated, started = 0, 0, 0, time.perf_counter()
@@ -102,15 +105,24 @@ def run_tokenize(job: TokenizeJob) -> int:
     return rows
 
 
-def read_token_windows(path: str, expected: dict, size: int, first_size: int | None = None) -> Iterator[TokenWindow]:
-    """The token file's rows in windows of `size`, after proving it was made for this shard."""
+def check_token_file(path: str, expected: dict) -> None:
+    """Refuse a token file made for another plan, shard or tokenizer, or holding other rows."""
     try:
         handle = pq.ParquetFile(path)
         found = json.loads((handle.schema_arrow.metadata or {}).get(TOKENS_KEY, b"null"))
+        rows = handle.metadata.num_rows
     except (OSError, pa.ArrowInvalid, ValueError) as error:
         raise UserError(f"token file `{path}` cannot be read ({error}); delete it and rerun") from error
     if found != expected:
         raise UserError(f"token file `{path}` was made for {found}, not {expected}; delete it and rerun")
+    if rows != expected["end"] - expected["start"]:
+        raise UserError(f"token file `{path}` holds {rows} rows, not the shard's {expected['end'] - expected['start']}; "
+                        "delete it and rerun")
+
+
+def read_token_windows(path: str, size: int, first_size: int | None = None) -> Iterator[TokenWindow]:
+    """The token file's rows in windows of `size` (the first of `first_size`), as views."""
+    handle = pq.ParquetFile(path)
     batches = ((int(b.column(0)[0].as_py()), b) for b in handle.iter_batches(batch_size=size) if b.num_rows)
     for first, table in windows(batches, size, first_size):
         ids = table.column("input_ids").combine_chunks()
