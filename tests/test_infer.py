@@ -19,7 +19,7 @@ from shardinfer.config import STATS_KEY, BatchSettings, ModelSettings, Settings
 from shardinfer.errors import UserError
 from shardinfer.infer import Batcher, Counters, ShardJob, predict_window, run_shard
 from shardinfer.pipeline import Pipeline
-from shardinfer.plan import run_plan
+from shardinfer.plan import read_plan, run_plan
 from shardinfer.tokens import TokenizeJob, TokenWindow, run_tokenize
 
 
@@ -188,9 +188,5 @@ def test_token_ids_of_another_tokenizer_or_plan_are_refused(shard_inputs):
     wider = dataclasses.replace(settings, batch=BatchSettings(512, 32, 7))  # other windows: still lines up
     run_shard(ShardJob(wider, str(root / "plan.json"), 1, str(root / "w7.parquet"), "digest", tokens=str(tokens),
                        tokenizer_key="key-b"))
-    assert pq.read_table(root / "w7.parquet").column("index").to_pylist() == list(range(*read_range(root, 1)))
-
-
-def read_range(root, shard):
-    return json.loads((root / "plan.json").read_text())["shards"][shard]["start"], \
-        json.loads((root / "plan.json").read_text())["shards"][shard]["end"]
+    start, end = read_plan(str(root / "plan.json")).ranges[1]
+    assert pq.read_table(root / "w7.parquet").column("index").to_pylist() == list(range(start, end))

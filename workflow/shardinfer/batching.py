@@ -65,11 +65,15 @@ def length_sorted_batches(lengths: Sequence[int], max_tokens: int, max_rows: int
     return [order[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
+def padded_tokens(lengths: Sequence[int], batches: Sequence[np.ndarray]) -> int:
+    """Tokens processed, padding included: each batch's longest row times its rows."""
+    return sum(int(np.max(np.take(lengths, b))) * len(b) for b in batches)
+
+
 def padding_ratio(lengths: Sequence[int], batches: Sequence[np.ndarray]) -> float:
     """Tokens processed (padding included) per real token."""
     real = int(np.sum(lengths))
-    padded = sum(int(np.max(np.take(lengths, b))) * len(b) for b in batches)
-    return padded / real if real else 1.0
+    return padded_tokens(lengths, batches) / real if real else 1.0
 
 
 def pad_batch(ids: Sequence[Sequence[int]], pad_id: int, left: bool = False) -> tuple[np.ndarray, np.ndarray]:

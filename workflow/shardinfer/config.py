@@ -203,9 +203,14 @@ def output_digest(settings: Settings) -> str:
     return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "vocab.txt", "vocab.json", "merges.txt", "tokenizer.model", "spiece.model",
-                   "sentencepiece.bpe.model")
+VOCABULARY_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model",
+                    "sentencepiece.bpe.model")  # one of these (or a *.tiktoken file) means a tokenizer is there
+TOKENIZER_FILES = (*VOCABULARY_FILES, "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "merges.txt")  # every file that can change the token ids
+
+
+def is_vocabulary_file(path: Path) -> bool:
+    return path.name in VOCABULARY_FILES or path.suffix == ".tiktoken"
 
 
 def tokenizer_digest(settings: Settings) -> str:
@@ -218,7 +223,7 @@ def tokenizer_digest(settings: Settings) -> str:
     folder = Path(settings.model.path)
     code = settings.model.trust_remote_code
     files = sorted((p.name, hashlib.sha256(p.read_bytes()).hexdigest()) for p in folder.iterdir()
-                   if p.is_file() and (p.name in TOKENIZER_FILES or p.suffix == ".tiktoken" or (code and p.suffix == ".py")))
+                   if p.is_file() and (p.name in TOKENIZER_FILES or is_vocabulary_file(p) or (code and p.suffix == ".py")))
     config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
     relevant = {"files": files, "model_type": config.get("model_type"), "tokenizer_class": config.get("tokenizer_class"),
                 "versions": [version("transformers"), version("tokenizers")], "max_length": settings.model.max_length,

@@ -22,16 +22,17 @@ import pyarrow as pa
 import torch
 
 from shardinfer.atomic import atomic_parquet_writer
-from shardinfer.batching import length_sorted_batches, pad_batch, padding_ratio
+from shardinfer.batching import length_sorted_batches, pad_batch, padded_tokens
 from shardinfer.config import IDENTITY_KEY, INDEX_COLUMN, STATS_KEY, BatchSettings, Settings
 from shardinfer.errors import UserError
 from shardinfer.lease import Lease, acquire_device, default_wait_s
 from shardinfer.models import choose_device, choose_dtype, load_model, load_tokenizer, settle_pad_token
 from shardinfer.pipeline import Pipeline
 from shardinfer.plan import Plan, read_plan
-from shardinfer.tables import iter_input, iter_range, text_values, windows
+from shardinfer.tables import iter_input, iter_range, windows
 from shardinfer.tasks import load_task
-from shardinfer.tokens import Encoder, TokenWindow, check_token_file, read_token_windows, token_identity
+from shardinfer.tokens import (Encoder, TokenWindow, check_token_file, read_token_windows, token_identity,
+                               tokenize_window)
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class Counters:
 
     def count_tokens(self, lengths: list[int], batches: list[np.ndarray], tokens: TokenWindow) -> None:
         self.real_tokens += sum(lengths)
-        self.padded_tokens += round(padding_ratio(lengths, batches) * sum(lengths))
+        self.padded_tokens += padded_tokens(lengths, batches)
         self.truncated += len(tokens.truncated)
         self.truncated_rows.extend(tokens.first + i for i in tokens.truncated[: 5 - len(self.truncated_rows)])
 
@@ -244,8 +245,7 @@ def tokenized(job: ShardJob, plan: Plan, encoder: Encoder, pipeline: Pipeline):
     if job.tokens is None:
         def tokenize(item):
             first, table = item
-            ids, cut = encoder.encode(text_values(table.column(0).combine_chunks(), null_as_empty))
-            return TokenWindow(first, ids, cut), table.drop_columns([table.column_names[0]])
+            return tokenize_window(encoder, first, table, null_as_empty), table.drop_columns([table.column_names[0]])
 
         return pipeline.map("tokenize", tokenize, read)
     size = job.settings.batch.sort_window

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from shardinfer.config import ModelSettings
+from shardinfer.config import VOCABULARY_FILES, ModelSettings, is_vocabulary_file
 from shardinfer.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -23,8 +23,6 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 # Files that carry a tokenizer's vocabulary; without one, transformers builds an empty tokenizer.
-VOCABULARY_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model",
-                    "sentencepiece.bpe.model")
 HEAD_MODULES = ("classifier", "score")  # what sequence-classification models name their head
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -64,7 +62,7 @@ def load_tokenizer(settings: ModelSettings):
     """The model directory's own tokenizer; never one made up from the config alone."""
     from transformers import AutoTokenizer
 
-    present = [p.name for p in Path(settings.path).iterdir() if p.name in VOCABULARY_FILES or p.suffix == ".tiktoken"]
+    present = [p.name for p in Path(settings.path).iterdir() if is_vocabulary_file(p)]
     if not present:
         raise UserError(f"model.path `{settings.path}`: no tokenizer there (none of {', '.join(VOCABULARY_FILES)})")
     try:

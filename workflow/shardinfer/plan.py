@@ -73,7 +73,7 @@ class Plan:
     input_fingerprint: dict
     rows: int
     ranges: tuple[tuple[int, int], ...]
-    costs: tuple[int, ...] = ()  # estimated tokens per shard (COST_ESTIMATE)
+    costs: tuple[int, ...]  # estimated tokens per shard (COST_ESTIMATE)
 
     @property
     def shards(self) -> int:

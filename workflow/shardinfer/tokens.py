@@ -54,6 +54,12 @@ class TokenWindow:
     truncated: list[int]  # window positions of texts cut at max_length
 
 
+def tokenize_window(encoder: Encoder, first: int, table: pa.Table, null_as_empty: bool) -> TokenWindow:
+    """A window's texts (its first column) as token ids: the one path both tokenize-in-job and the
+    tokenize rule take, so their ids are the same."""
+    return TokenWindow(first, *encoder.encode(text_values(table.column(0).combine_chunks(), null_as_empty)))
+
+
 def token_identity(plan: Plan, shard: int, tokenizer_key: str) -> dict:
     start, end = plan.ranges[shard]
     return {"plan_id": plan.plan_id, "shard": shard, "start": start, "end": end, "tokenizer": tokenizer_key}
@@ -65,7 +71,8 @@ def tokens_schema(identity: dict) -> pa.Schema:
     return pa.schema(fields, metadata={TOKENS_KEY: json.dumps(identity).encode()})
 
 
-def tokens_table(window: TokenWindow, rows: int, schema: pa.Schema) -> pa.Table:
+def tokens_table(window: TokenWindow, schema: pa.Schema) -> pa.Table:
+    rows = len(window.ids)
     index = pa.array(np.arange(window.first, window.first + rows, dtype=np.int64))
     cut = np.zeros(rows, dtype=bool)
     cut[window.truncated] = True
@@ -96,9 +103,10 @@ def run_tokenize(job: TokenizeJob) -> int:
     rows, tokens, truncated, started = 0, 0, 0, time.perf_counter()
     with atomic_parquet_writer(job.output, schema) as writer:
         for first, table in windows(iter_range(settings.input, start, end), settings.batch.sort_window):
-            ids, cut = encoder.encode(text_values(table.column(0).combine_chunks(), settings.input.null_text == "empty"))
-            writer.write_table(tokens_table(TokenWindow(first, ids, cut), table.num_rows, schema))
-            rows, tokens, truncated = rows + table.num_rows, tokens + sum(map(len, ids)), truncated + len(cut)
+            window = tokenize_window(encoder, first, table, settings.input.null_text == "empty")
+            writer.write_table(tokens_table(window, schema))
+            rows, tokens = rows + len(window.ids), tokens + sum(map(len, window.ids))
+            truncated += len(window.truncated)
     seconds = time.perf_counter() - started
     log.info("tokenized shard %d: %d rows, %d tokens (%d texts cut at max_length=%d) in %.1f s, %.0f tokens/s",
              job.shard, rows, tokens, truncated, settings.model.max_length, seconds, tokens / max(seconds, 1e-9))
