@@ -4,8 +4,8 @@ workflow's own overhead as a share of the wall time.
 
 Overhead is everything that is not shard work: wall time minus the shard jobs' summed time
 (Snakemake's `benchmark:` of each infer job, start-up and model load included) divided by the
-jobs that run at once (--cores 2, one thread per shard job). It holds plan, gather, Snakemake's
-scheduling and job launching, and any idle slot at the end.
+jobs that run at once (--cores 2, one thread per shard job). It holds plan, gather, the report
+items, Snakemake's scheduling and job launching, and any idle slot at the end.
 
     .venv/bin/python scripts/load_check.py [workdir] [--rows N] [--shards K]
 
@@ -76,6 +76,7 @@ def report_overhead(workdir: Path, wall: float, slots: int) -> None:
     logs = workdir / "logs"
     plan_s = float(benchmark_of(logs / "plan.benchmark.tsv")["s"])
     gather_s = float(benchmark_of(logs / "gather.benchmark.tsv")["s"])
+    report_s = float(benchmark_of(logs / "report.benchmark.tsv")["s"])
     jobs_s = sum(float(benchmark_of(p)["s"]) for p in (logs / "infer").glob("*.benchmark.tsv"))
     summary = json.loads((workdir / "results" / "summary.json").read_text())
     work_s = sum(s["seconds"] for s in summary["per_shard"])
@@ -83,7 +84,8 @@ def report_overhead(workdir: Path, wall: float, slots: int) -> None:
     print(f"wall {wall:.1f} s; shard jobs {jobs_s:.1f} s in all ({work_s:.1f} s of it reading, inferring and "
           f"writing, {jobs_s - work_s:.1f} s starting Python, loading the model), {slots} at a time")
     print(f"overhead (wall - shard jobs / {slots}): {overhead:.1f} s = {overhead / wall:.1%} of the wall time; "
-          f"of it plan {plan_s:.1f} s, gather {gather_s:.1f} s, scheduling and idle {overhead - plan_s - gather_s:.1f} s")
+          f"of it plan {plan_s:.1f} s, gather {gather_s:.1f} s, report items {report_s:.1f} s, "
+          f"scheduling and idle {overhead - plan_s - gather_s - report_s:.1f} s")
     bounds = {}
     for shard in summary["per_shard"]:
         bounds[shard["bound_by"]] = bounds.get(shard["bound_by"], 0) + 1

@@ -10,6 +10,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,7 +133,26 @@ def prepare_workdir(workdir: Path, config: dict, *args: str) -> tuple[list[str],
     (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config))
     command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "2",
                "--set-threads", "infer=1", *args]
-    return command, {**os.environ, "SHARDINFER_GPU_LOCK_DIR": str(workdir / ".gpu-locks")}
+    return command, local_env(workdir)
+
+
+def local_env(workdir: Path) -> dict:
+    """The environment of a local (non-Slurm) `snakemake` run: its own GPU lock folder, and no Slurm.
+
+    Snakemake imports every installed executor plugin when it starts, and the Slurm plugin runs
+    `scontrol show config` on import; where Slurm is installed but its controller is down (as on
+    this machine after test_slurm stops it), that waits about 9 s per start for an executor a local
+    run never uses. A `scontrol` that answers "no controller" at once takes its place here.
+    """
+    stub = Path(tempfile.gettempdir()) / "shardinfer-test-no-slurm"
+    if not (stub / "scontrol").is_file():
+        stub.mkdir(exist_ok=True)
+        part = stub / f".scontrol.{os.getpid()}"
+        part.write_text("#!/bin/sh\necho 'no Slurm controller in local test runs' >&2\nexit 1\n")
+        part.chmod(0o755)
+        part.replace(stub / "scontrol")
+    path = f"{stub}{os.pathsep}{os.environ.get('PATH', '')}"
+    return {**os.environ, "PATH": path, "SHARDINFER_GPU_LOCK_DIR": str(workdir / ".gpu-locks")}
 
 
 def run_workflow(workdir: Path, config: dict, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -143,3 +163,26 @@ def run_workflow(workdir: Path, config: dict, *args: str, timeout: float = 900) 
 
 def read_predictions(workdir: Path) -> pd.DataFrame:
     return pd.read_parquet(workdir / "results" / "predictions.parquet")
+
+
+def build_lora_on_plain_base(root: Path) -> tuple[Path, Path, Path]:
+    """A base encoder as shipped, whose config names none of the labels (transformers' default 2), a LoRA
+    adapter on it whose classifier head has 3 rows, and a copy of the base whose config.json was edited by
+    hand to name the adapter's 3 labels (what users had to do before `model.labels`), for references."""
+    import json
+    import shutil
+
+    import torch
+    from transformers import BertModel
+
+    base, adapter, edited = root / "plain-base", root / "plain-base-lora", root / "plain-base-edited"
+    torch.manual_seed(5)
+    BertModel(bert_config()).save_pretrained(base)
+    save_tokenizer(base)
+    save_lora(base, adapter, ["classifier"])
+    shutil.copytree(base, edited)
+    config = json.loads((edited / "config.json").read_text())
+    config["id2label"] = {str(i): name for i, name in LABELS.items()}
+    config["label2id"] = {name: i for i, name in LABELS.items()}
+    (edited / "config.json").write_text(json.dumps(config))
+    return base, adapter, edited

@@ -63,16 +63,6 @@ def test_adapter_for_another_base_model(models, tmp_path):
         load_classifier(model_settings(models.classifier, adapter=tmp_path / "wider-lora"))
 
 
-def test_num_labels_mismatch_between_adapter_and_model(models, tmp_path):
-    from transformers import BertForSequenceClassification
-
-    two = tmp_path / "two-labels"
-    BertForSequenceClassification(bert_config(num_labels=2)).save_pretrained(two)
-    with pytest.raises(UserError, match=r"its classifier `classifier.(weight|bias)` has 3 labels, the model's config 2; "
-                                        r"set num_labels/id2label"):
-        load_classifier(model_settings(two, adapter=models.lora))
-
-
 def test_trust_remote_code_stays_off(models, tmp_path, monkeypatch):
     seen = {}
     from transformers import AutoModelForSequenceClassification

@@ -4,12 +4,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from factory import REPO, local_env
 
 
 def test_snakemake_lint_is_clean():
     result = subprocess.run([sys.executable, "-m", "snakemake", "--lint", "--cores", "1"], cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=300, env=local_env(REPO))
     assert "Congratulations, your workflow is in a good condition!" in result.stdout + result.stderr, result.stdout
 
 
@@ -21,15 +21,16 @@ def test_snakefmt_check_is_clean():
 
 
 def test_conda_env_installs_what_requirements_install():
-    """envs/inference.yaml (for --sdm conda) names every package requirements.txt does."""
-    import re
-
+    """envs/inference.yaml (for --sdm conda) pins every package requirements.txt does, to the same versions."""
     import yaml
+    from packaging.requirements import Requirement
 
-    def names(lines):
-        return {re.split(r"[<>=!~ ]", line.strip())[0].lower() for line in lines if line.strip() and line[0] not in "#-"}
+    def pins(lines):
+        requirements = [Requirement(line) for line in lines if line.strip() and line.strip()[0] not in "#-"]
+        return {requirement.name.lower(): requirement.specifier for requirement in requirements}
 
     env = yaml.safe_load((REPO / "envs" / "inference.yaml").read_text())
     pip = next(item["pip"] for item in env["dependencies"] if isinstance(item, dict))
-    required = names((REPO / "requirements.txt").read_text().splitlines()) - {"snakemake"}
-    assert required <= names(pip)
+    required = pins((REPO / "requirements.txt").read_text().splitlines())
+    required.pop("snakemake")  # runs the workflow; not installed into the jobs' environment
+    assert {name: pins(pip).get(name) for name in required} == required

@@ -1,11 +1,30 @@
+import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
 from snakemake.utils import validate
 
-sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
+
+def package_root() -> str:
+    """The folder holding the shardinfer package, found from this file (not the main Snakefile
+    or the working directory), so the workflow also loads as a module of a user's Snakefile.
+    """
+    here = workflow.current_basedir
+    root = Path(here.get_path_or_uri(secret_free=True)).parent
+    if not (root / "shardinfer" / "__init__.py").is_file():
+        raise WorkflowError(
+            f"ERROR: shardinfer is loaded from {here}, where its Python package is missing "
+            "(Snakemake fetches the Snakefiles from a remote or git source, not the package); "
+            "clone the repository and give `snakefile:` the clone's Snakefile path"
+        )
+    return str(root)
+
+
+sys.path.insert(0, package_root())
 
 from shardinfer.config import (
     check_settings,
@@ -15,6 +34,7 @@ from shardinfer.config import (
     tokenizer_digest,
 )
 from shardinfer.errors import UserError
+from shardinfer.terminal import summary_lines
 
 
 def load_settings(config):
@@ -50,3 +70,17 @@ def shard_files(wildcards=None):
 def token_file(wildcards):
     """The tokenize rule's file for the shard when tokenizing ahead; nothing otherwise."""
     return TOKENS_FILE.format(shard=wildcards.shard) if SETTINGS.tokenize_ahead else []
+
+
+STARTED = time.time()  # when this Snakemake run loaded the workflow
+
+
+def print_run_summary(predictions, summary):
+    """After a successful run, a few lines on the terminal from the summary gather wrote in this
+    run; a summary from an earlier run (this run's target did not include gather) is not shown.
+    """
+    if not os.path.isfile(summary) or os.path.getmtime(summary) < STARTED:
+        return
+    with open(summary) as handle:
+        lines = summary_lines(json.load(handle), predictions, summary)
+    logger.info("\n".join(lines))

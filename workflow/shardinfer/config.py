@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardinfer.errors import UserError
+from shardinfer.labels import label_names
 from shardinfer.tasks import TASKS, output_columns
 
 PACKAGE_PREFIX = "pkg:"
@@ -47,6 +48,12 @@ class ModelSettings:
     allow_pickle: bool
     pooling: str
     normalize: bool
+    labels: tuple[str, ...] | None = None  # names of the classifier's labels; None: the base config's or LABEL_i
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ModelSettings:
+        labels = data.get("labels")
+        return cls(**{**data, "labels": None if labels is None else tuple(labels)})
 
 
 @dataclass(frozen=True)
@@ -71,7 +78,7 @@ class Settings:
     def from_dict(cls, data: dict) -> Settings:
         return cls(
             input=InputSettings.from_dict(data["input"]),
-            model=ModelSettings(**data["model"]),
+            model=ModelSettings.from_dict(data["model"]),
             batch=BatchSettings(**data["batch"]),
             shards=int(data["shards"]),
             tokenize_ahead=bool(data.get("tokenize_ahead", False)),
@@ -115,6 +122,7 @@ def settings_from_config(config: dict) -> Settings:
             allow_pickle=model["allow_pickle"],
             pooling=embed["pooling"],
             normalize=embed["normalize"],
+            labels=None if model.get("labels") is None else tuple(model["labels"]),
         ),
         batch=BatchSettings(**config["batch"]),
         shards=shards,
@@ -167,6 +175,16 @@ def check_settings(settings: Settings) -> None:
         raise UserError(f"model.max_length {model.max_length} is above the model's limit of {limit} tokens; use 1..{limit}")
     if model.adapter is not None and not (Path(model.adapter) / "adapter_config.json").is_file():
         raise UserError(f"model.adapter `{model.adapter}` is not a PEFT adapter directory (no adapter_config.json there)")
+    check_labels(model)
+
+
+def check_labels(model: ModelSettings) -> None:
+    """`model.labels` names a classifier's labels, as many as its head has: checked before any job runs."""
+    if model.labels is None:
+        return
+    if "label" not in output_columns(model.task):
+        raise UserError(f"model.labels names the labels of task classify; task {model.task} has none, so leave it out")
+    label_names(model.path, model.adapter, model.labels)
 
 
 def model_length_limit(path: str) -> int | None:

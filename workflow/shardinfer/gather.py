@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,9 +126,47 @@ def write_predictions(shards: list[ShardFile], plan: Plan, digest: str, path: st
                 writer.write_table(file.read_row_group(group).replace_schema_metadata(metadata))
 
 
+def _total(shards: list[ShardFile], key: str) -> int:
+    return sum(s.stats.get(key) or 0 for s in shards)
+
+
+def wall_clock(shards: list[ShardFile]) -> tuple[float, float] | None:
+    """The run's span: first shard job's start to last shard's end (epoch seconds), or None when a
+    shard file predates these stats (a shard kept from an earlier version of the workflow)."""
+    starts, ends = [s.stats.get("started") for s in shards], [s.stats.get("ended") for s in shards]
+    if not shards or None in starts or None in ends:
+        return None
+    return min(starts), max(ends)
+
+
+def run_facts(plan: Plan, shards: list[ShardFile], model: dict) -> dict:
+    """The run at a glance: what ran where, and rows/s and real tokens/s over its wall time, not
+    over summed shard seconds, so idle slots and start-up count against it as a user sees them."""
+    real, padded, span = _total(shards, "real_tokens"), _total(shards, "padded_tokens"), wall_clock(shards)
+    wall = round(span[1] - span[0], 3) if span else None
+    return {
+        "rows": plan.rows, "shards": plan.shards, "task": model.get("task"), "model": model.get("path"),
+        "adapter": model.get("adapter"), "max_length": model.get("max_length"),
+        "devices": sorted({s.stats["device"] for s in shards if s.stats.get("device")}),
+        "dtype": ", ".join(sorted({s.stats["dtype"] for s in shards if s.stats.get("dtype")})),
+        "started": span[0] if span else None, "ended": span[1] if span else None, "wall_s": wall,
+        "rows_per_s": round(plan.rows / wall, 2) if wall else None,
+        "real_tokens_per_s": round(real / wall, 2) if wall else None,
+        "real_tokens": real, "padded_tokens": padded,
+        "padding_ratio": round(padded / real, 4) if real else None, "truncated": _total(shards, "truncated"),
+    }
+
+
+def token_lengths(shards: list[ShardFile]) -> dict[str, int]:
+    """Rows per real token length over all shards (sparse, by length): the report's histogram."""
+    total: Counter = Counter()
+    for shard in shards:
+        total.update({int(length): count for length, count in (shard.stats.get("token_lengths") or {}).items()})
+    return {str(length): total[length] for length in sorted(total)}
+
+
 def summarize(plan: Plan, shards: list[ShardFile], inp: InputSettings, model: dict) -> dict:
-    real = sum(s.stats.get("real_tokens", 0) for s in shards)
-    padded = sum(s.stats.get("padded_tokens", 0) for s in shards)
+    real, padded = _total(shards, "real_tokens"), _total(shards, "padded_tokens")
     return {
         "rows": plan.rows,
         "shards": plan.shards,
@@ -140,9 +179,12 @@ def summarize(plan: Plan, shards: list[ShardFile], inp: InputSettings, model: di
             {"shard": s.shard, "start": plan.ranges[s.shard][0], "end": plan.ranges[s.shard][1], "rows": s.rows,
              "estimated_tokens": plan.costs[s.shard],
              **{k: s.stats.get(k) for k in ("real_tokens", "padding_ratio", "seconds", "bound_by", "device", "dtype",
-                                            "truncated", "first_truncated_rows")}}
+                                            "truncated", "first_truncated_rows", "stages", "started",
+                                            "ended")}}
             for s in shards
         ],
+        "run": run_facts(plan, shards, model),
+        "token_lengths": token_lengths(shards),
     }
 
 

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -28,6 +29,7 @@ from shardinfer.errors import UserError
 from shardinfer.lease import Lease, acquire_device, default_wait_s
 from shardinfer.models import choose_device, choose_dtype, load_model, load_tokenizer, settle_pad_token
 from shardinfer.pipeline import Pipeline
+from shardinfer.progress import Progress
 from shardinfer.plan import Plan, read_plan
 from shardinfer.tables import iter_input, iter_range, windows
 from shardinfer.tasks import load_task
@@ -56,9 +58,11 @@ class Counters:
     padded_tokens: int = 0
     truncated: int = 0
     truncated_rows: list[int] = field(default_factory=list)
+    lengths: Counter = field(default_factory=Counter)  # rows per real token length, for the report's histogram
 
     def count_tokens(self, lengths: list[int], batches: list[np.ndarray], tokens: TokenWindow) -> None:
         self.real_tokens += sum(lengths)
+        self.lengths.update(lengths)
         self.padded_tokens += padded_tokens(lengths, batches)
         self.truncated += len(tokens.truncated)
         self.truncated_rows.extend(tokens.first + i for i in tokens.truncated[: 5 - len(self.truncated_rows)])
@@ -67,7 +71,8 @@ class Counters:
         return {"rows": self.rows, "seconds": round(seconds, 3), "device": runtime.where, "dtype": runtime.dtype,
                 "real_tokens": self.real_tokens, "padded_tokens": self.padded_tokens,
                 "padding_ratio": round(self.padded_tokens / max(self.real_tokens, 1), 4),
-                "truncated": self.truncated, "first_truncated_rows": self.truncated_rows}
+                "truncated": self.truncated, "first_truncated_rows": self.truncated_rows,
+                "token_lengths": {str(n): self.lengths[n] for n in sorted(self.lengths)}}
 
 
 @dataclass(frozen=True)
@@ -262,18 +267,20 @@ def tokenized(job: ShardJob, plan: Plan, encoder: Encoder, pipeline: Pipeline):
     return pipeline.map("read tokens", pair, read)
 
 
-def write_shard(job: ShardJob, plan: Plan, runtime: Runtime) -> dict:
+def write_shard(job: ShardJob, plan: Plan, runtime: Runtime, began: float) -> dict:
     """Stream the shard's rows through the task into its file; returns the shard's stats.
 
     read → tokenize (or read token ids) → batch and build tensors run in workers, the device
     loop in this thread, and writing in another worker; each hands on through a bounded queue.
+    The stats carry each stage's busy seconds and the job's wall-clock span (from `began`, the
+    epoch time the job started, to the file complete), so gather can time the run end to end.
     """
     settings, task = job.settings, runtime.task
     start, end = plan.ranges[job.shard]
     identity = {"plan_id": plan.plan_id, "shard": job.shard, "start": start, "end": end,
                 "digest": job.digest, "task": settings.model.task}
     schema = shard_schema(task, keep_schema_of(settings), identity)
-    counters, started = Counters(), time.perf_counter()
+    counters, started, progress = Counters(), time.perf_counter(), Progress(end - start)
 
     with atomic_parquet_writer(job.output, schema) as writer, torch.inference_mode(), Pipeline() as pipeline:
         def write(item):
@@ -281,7 +288,7 @@ def write_shard(job: ShardJob, plan: Plan, runtime: Runtime) -> dict:
             index = pa.array(np.arange(first, first + keep.num_rows, dtype=np.int64))
             writer.write_table(pa.Table.from_arrays([index, *keep.columns, *task.to_arrow(results)], schema=schema))
             counters.rows += keep.num_rows
-            log.info("rows %d/%d, %.0f rows/s", counters.rows, end - start, counters.rows / (time.perf_counter() - started))
+            progress.advance(keep.num_rows)
 
         tokens = tokenized(job, plan, runtime.encoder, pipeline)
         prepared = pipeline.map("batch", lambda item: runtime.batcher.prepare(*item, counters), tokens)
@@ -293,12 +300,15 @@ def write_shard(job: ShardJob, plan: Plan, runtime: Runtime) -> dict:
         log.info("%s", pipeline.report())
         stats = counters.stats(time.perf_counter() - started, runtime)
         stats["bound_by"] = pipeline.bottleneck().name
+        stats["stages"] = pipeline.busy_seconds()
+        stats["started"], stats["ended"] = round(began, 3), round(time.time(), 3)
         writer.add_key_value_metadata({STATS_KEY: json.dumps(stats)})
     return stats
 
 
 def run_shard(job: ShardJob) -> dict:
     """The infer rule: the shard's rows through the model into `job.output`, atomically."""
+    began = time.time()
     plan = read_plan(job.plan_path)
     plan.check_input_unchanged()
     start, end = plan.ranges[job.shard]
@@ -309,7 +319,7 @@ def run_shard(job: ShardJob) -> dict:
     lease = acquire_device(wait_s=default_wait_s())
     lease.export()
     try:
-        stats = write_shard(job, plan, start_runtime(job.settings, lease, job.threads))
+        stats = write_shard(job, plan, start_runtime(job.settings, lease, job.threads), began)
     finally:
         lease.release()
     if stats["truncated"]:

@@ -16,14 +16,13 @@ from safetensors import safe_open
 
 from shardinfer.config import VOCABULARY_FILES, ModelSettings, is_vocabulary_file
 from shardinfer.errors import UserError
+from shardinfer.labels import HEAD_MODULES, base_label_names, label_names
 
 log = logging.getLogger(__name__)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-# Files that carry a tokenizer's vocabulary; without one, transformers builds an empty tokenizer.
-HEAD_MODULES = ("classifier", "score")  # what sequence-classification models name their head
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -98,6 +97,7 @@ class LoadedModel:
 def load_model(settings: ModelSettings, auto_class, dtype: torch.dtype, device: torch.device) -> LoadedModel:
     """The base model (plus adapter, merged in float32 when possible), in eval mode on `device`."""
     check_weight_files(settings.path, settings.allow_pickle, "model.path")
+    names = label_names(settings.path, settings.adapter, settings.labels)
     try:
         model, info = auto_class.from_pretrained(
             settings.path,
@@ -106,14 +106,34 @@ def load_model(settings: ModelSettings, auto_class, dtype: torch.dtype, device: 
             trust_remote_code=settings.trust_remote_code,
             use_safetensors=None if settings.allow_pickle else True,
             output_loading_info=True,
+            **label_overrides(settings, names),
         )
     except (OSError, ValueError, KeyError) as error:
         raise UserError(f"model.path `{settings.path}`: cannot load it as {auto_class.__name__} ({_first_line(error)})") from error
-    missing = set(info.get("missing_keys", ()))
+    # A head resized to the adapter's labels is new, like a missing one: the adapter must supply it.
+    missing = set(info.get("missing_keys", ())) | {key for key, *_ in info.get("mismatched_keys", ())}
     keys: set[str] = set()
     if settings.adapter is not None:
         model, keys = apply_adapter(model, settings, missing)
     return LoadedModel(model=model.to(device=device, dtype=dtype).eval(), missing_keys=missing, adapter_keys=keys)
+
+
+def label_overrides(settings: ModelSettings, names: list[str]) -> dict:
+    """from_pretrained arguments that give the model the run's labels, when its config names others.
+
+    A base model as shipped does not name the labels its LoRA adapter was trained for; the head is then
+    built with the adapter's rows (a head in the checkpoint of another width is dropped, and
+    the adapter's replaces it).
+    """
+    from transformers import AutoConfig
+
+    base = base_label_names(settings.path)
+    if names == base:
+        return {}
+    config = AutoConfig.from_pretrained(settings.path, local_files_only=True, trust_remote_code=settings.trust_remote_code)
+    config.id2label = dict(enumerate(names))
+    config.label2id = {name: i for i, name in enumerate(names)}
+    return {"config": config, "ignore_mismatched_sizes": len(names) != len(base)}
 
 
 def adapter_weight_keys(adapter: str) -> set[str]:
@@ -142,9 +162,9 @@ def adapter_shape_fault(model, adapter: str, head_keys: set[str]) -> str | None:
             elif kind:
                 continue
             elif name in params and tuple(params[name].shape) != shape:
-                if name in head_keys or name.split(".")[0] in HEAD_MODULES:
-                    return (f"its classifier `{name}` has {shape[0]} labels, the model's config {params[name].shape[0]}; "
-                            "set num_labels/id2label in the model's config.json to the adapter's")
+                if name in head_keys or name.split(".")[0] in HEAD_MODULES:  # its label count is already the adapter's
+                    return (f"its classifier `{name}` has shape {shape}, the model's {tuple(params[name].shape)} "
+                            "(a head for another base model?)")
                 return f"`{name}` has shape {tuple(params[name].shape)} in the model but {shape} in the adapter (another base model?)"
     return None
 

@@ -128,6 +128,10 @@ class Pipeline:
     def bottleneck(self) -> Stage:
         return max(self.stages, key=lambda stage: stage.busy_s)
 
+    def busy_seconds(self) -> dict[str, float]:
+        """Each stage's work in seconds, by stage name: what the report stacks per shard."""
+        return {stage.name: round(stage.busy_s, 3) for stage in self.stages}
+
     def report(self) -> str:
         """One line: each stage's work and wait in seconds, and the one that bounds the run."""
         parts = ", ".join(f"{s.name} {s.busy_s:.2f} s (waited {s.waited_s:.2f} s)" for s in self.stages)

@@ -1,0 +1,13 @@
+"""Snakemake adapter of the report_items rule: see shardinfer.report.write_report."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
+snakemake = globals()["snakemake"]  # the job object injected by the script: directive
+
+from shardinfer.jobs import run_job  # noqa: E402
+from shardinfer.report import ReportFiles, write_report  # noqa: E402
+
+files = ReportFiles(**{name: getattr(snakemake.output, name) for name in ReportFiles.__dataclass_fields__})
+run_job(snakemake.log[0], write_report, snakemake.input.summary, files)

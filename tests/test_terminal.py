@@ -1,0 +1,52 @@
+"""What a user reads on the terminal: the run summary lines and a shard's progress lines."""
+
+from __future__ import annotations
+
+import logging
+
+from shardinfer.progress import Progress, eta
+from shardinfer.terminal import summary_lines
+
+SUMMARY = {
+    "rows": 1000, "shards": 4, "truncated": 3, "model": {"max_length": 32},
+    "per_shard": [{"first_truncated_rows": [7, 2]}, {"first_truncated_rows": []}, {"first_truncated_rows": [901]},
+                  {"first_truncated_rows": None}],
+    "run": {"rows_per_s": 123.45, "real_tokens_per_s": 4567.8, "wall_s": 8.1, "padding_ratio": 1.04,
+            "devices": ["cuda (CUDA_VISIBLE_DEVICES=0, H200)"], "dtype": "bfloat16", "max_length": 32},
+}
+
+
+def test_summary_says_rows_where_speed_and_truncated_rows():
+    lines = summary_lines(SUMMARY, "results/predictions.parquet", "results/summary.json")
+    assert lines[0].startswith("shardinfer: 1,000 rows written to results/predictions.parquet")
+    assert "4 shards, index 0..999" in lines[0]
+    assert "123.5 rows/s, 4,568 tokens/s over 8.1 s" in lines[1] and "bfloat16" in lines[1]
+    truncated = next(line for line in lines if "truncated" in line)
+    assert "WARNING 3 of 1,000 texts were longer than max_length=32" in truncated
+    assert "(first rows: 2, 7, 901)" in truncated and "results/summary.json" in truncated
+    assert not any("no GPU" in line for line in lines)
+    assert lines[-1].endswith("snakemake --report report.zip")
+
+
+def test_a_cpu_only_run_is_a_warning_and_no_truncation_no_line():
+    summary = {**SUMMARY, "truncated": 0, "run": {**SUMMARY["run"], "devices": ["cpu (4 threads)"]}}
+    lines = summary_lines(summary, "p.parquet", "s.json")
+    assert any("WARNING no GPU was used" in line for line in lines)
+    assert not any("truncated" in line for line in lines)
+
+
+def test_progress_logs_the_first_write_then_once_per_interval_and_the_last(caplog):
+    now = [0.0]
+    progress = Progress(1000, interval_s=30, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="shardinfer.progress"):
+        for _ in range(10):  # 100 rows every 5 s
+            now[0] += 5
+            progress.advance(100)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0] == "rows 100/1000 (10%), 20 rows/s, ETA 45 s"
+    assert lines[1].startswith("rows 700/1000 (70%)") and lines[-1].startswith("rows 1000/1000 (100%)")
+    assert len(lines) == 3
+
+
+def test_eta_reads_like_a_person_would_say_it():
+    assert [eta(s) for s in (4.4, 125, 12_000)] == ["4 s", "2 min 5 s", "3 h 20 min"]

@@ -1,0 +1,236 @@
+"""The items of `snakemake --report`: two tables and three figures made from results/summary.json.
+
+The rule runs at the end of every run, so it must cost next to nothing: it reads only the summary
+gather wrote (no shard file, no torch), and imports matplotlib inside the plotting functions,
+without pyplot (a bare Agg figure: no GUI backend, no global state). Figures are PNG at a modest
+dpi: they embed in Snakemake's self-contained report as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+from dataclasses import dataclass
+from datetime import datetime
+from html import escape
+from pathlib import Path
+
+from shardinfer.errors import UserError
+
+log = logging.getLogger(__name__)
+
+DPI = 100
+SIZE = (8.0, 4.0)  # inches: 800 x 400 pixels at DPI
+STAGES = ("read", "tokenize", "read tokens", "batch", "device", "write")  # the order a row goes through
+STRAGGLER = 0.75  # a shard under this share of the median rows/s is drawn in red
+MAX_BARS = 200  # more shards than this: each series is one filled outline, not a rectangle per shard
+SHARD_COLUMNS = ["shard", "range", "rows", "real tokens", "seconds", "rows/s", "load s", "padding ratio",
+                 "bound by", "device"]
+PAGE = """<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>{title}</title><style>
+body {{ font-family: sans-serif; font-size: 14px; margin: 1em; }}
+table {{ border-collapse: collapse; }}
+th, td {{ border: 1px solid #ccc; padding: 3px 8px; text-align: left; }}
+th {{ background: #f3f3f3; }} td.number {{ text-align: right; }}
+</style></head><body><h3>{title}</h3>
+<table>
+{rows}</table>
+</body></html>
+"""
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    """Where each item goes (the rule's outputs, by the same names)."""
+
+    run: str  # HTML: the run at a glance
+    shards: str  # HTML: one row per shard
+    rows_per_s: str  # PNG: rows/s per shard, stragglers in red
+    stages: str  # PNG: busy seconds per pipeline stage, stacked per shard
+    token_lengths: str  # PNG: rows per token length, max_length marked
+
+
+def rows_per_s(shard: dict) -> float | None:
+    """A shard's own throughput: its rows over its work seconds (model load excluded)."""
+    seconds = shard.get("seconds")
+    return shard["rows"] / seconds if seconds else None
+
+
+def load_seconds(shard: dict) -> float | None:
+    """Seconds from the shard job's start to its first row (device lease, model load): the fixed
+    price each shard pays, which the README says to keep small next to the shard's work."""
+    if None in (shard.get("started"), shard.get("ended"), shard.get("seconds")):
+        return None
+    return max(shard["ended"] - shard["started"] - shard["seconds"], 0.0)
+
+
+def local_time(epoch: float | None) -> str | None:
+    return None if epoch is None else datetime.fromtimestamp(epoch).astimezone().isoformat(timespec="seconds")
+
+
+def run_rows(summary: dict) -> list[list]:
+    """(what, value) pairs for the run at a glance; rates are over the wall time, start-up included."""
+    run = summary["run"]
+    model = show(run.get("model")) + (f" + adapter {run['adapter']}" if run.get("adapter") else "")
+    truncated = f"{run['truncated']:,} (cut at max_length {run['max_length']})"
+    return [
+        ["rows", run["rows"]], ["shards", run["shards"]], ["task", run["task"]], ["model", model],
+        ["devices", "; ".join(run["devices"])], ["dtype", run["dtype"]],
+        ["started", local_time(run["started"])], ["ended", local_time(run["ended"])],
+        ["wall time, s (first shard job's start to last shard's end)", run["wall_s"]],
+        ["rows/s over the wall time", run["rows_per_s"]],
+        ["real tokens/s over the wall time", run["real_tokens_per_s"]],
+        ["real tokens", run["real_tokens"]], ["padding ratio (tokens computed / real tokens)", run["padding_ratio"]],
+        ["rows truncated", truncated], ["input", summary.get("input")], ["plan id", summary.get("plan_id")],
+    ]
+
+
+def shard_rows(summary: dict) -> list[list]:
+    """One row per shard, in SHARD_COLUMNS order."""
+    return [[s["shard"], f"[{s['start']:,}, {s['end']:,})", s["rows"], s.get("real_tokens"), s.get("seconds"),
+             rows_per_s(s), load_seconds(s), s.get("padding_ratio"), s.get("bound_by"), s.get("device")]
+            for s in summary["per_shard"]]
+
+
+def show(value) -> str:
+    """A cell's text: four significant digits below 1,000 (a padding ratio of 1.004 stays
+    visible), whole numbers with thousands separated above, a dash for unknown."""
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def html_table(title: str, rows: list[list], header: list[str] | None = None) -> str:
+    """A standalone HTML page holding one table (the report shows HTML items as they are)."""
+    def cell(value) -> str:
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return f'<td class="number">{show(value)}</td>' if number else f"<td>{escape(show(value))}</td>"
+
+    lines = ["<tr>" + "".join(f"<th>{escape(name)}</th>" for name in header) + "</tr>\n"] if header else []
+    lines += ["<tr>" + "".join(cell(value) for value in row) + "</tr>\n" for row in rows]
+    return PAGE.format(title=escape(title), rows="".join(lines))
+
+
+def figure(title: str, xlabel: str, ylabel: str):
+    """A bare Agg figure and its axes; matplotlib is imported here, only when a figure is drawn."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=SIZE, dpi=DPI, layout="constrained")  # room for labels and legend, whatever their size
+    axes = fig.add_subplot()
+    axes.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    return fig, axes
+
+
+def save(fig, path: str) -> None:
+    """Every plot counts from zero; the top stays where autoscaling put it."""
+    for axes in fig.axes:
+        axes.set_ylim(bottom=0)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi=DPI)
+
+
+def legend(axes) -> None:
+    """Outside the axes, on the right: it never hides a bar, and placing it costs no search."""
+    axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+
+
+def shard_axis(axes, shards: int) -> None:
+    """Whole shard numbers on the x axis, however many shards."""
+    from matplotlib.ticker import MaxNLocator
+
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_xlim(-0.6, shards - 0.4)
+
+
+def bars(axes, values: list[float], bottom: list[float], **style) -> None:
+    """A bar per shard; past MAX_BARS shards one filled step outline per series, which draws
+    10,000 shards as fast as 10 (thousands of rectangles would cost seconds in every run)."""
+    if len(values) <= MAX_BARS:
+        axes.bar(range(len(values)), values, bottom=bottom, width=0.8, **style)
+        return
+    tops = [b + v for b, v in zip(bottom, values)]
+    edges = [i - 0.5 for i in range(len(values) + 1)]
+    axes.fill_between(edges, bottom + bottom[-1:], tops + tops[-1:], step="post", linewidth=0, **style)
+
+
+def plot_rows_per_s(shards: list[dict], path: str) -> None:
+    """Bars of rows/s per shard against the median: a straggler (slow device, long texts) stands out."""
+    rates = [rows_per_s(s) or 0.0 for s in shards]
+    median = statistics.median(rates)
+    slow = [rate < STRAGGLER * median for rate in rates]
+    fig, axes = figure("Rows/s per shard", "shard", "rows/s (work seconds, model load excluded)")
+    zero = [0.0] * len(rates)
+    bars(axes, [0.0 if s else r for r, s in zip(rates, slow)], zero, color="C0")
+    if any(slow):
+        bars(axes, [r if s else 0.0 for r, s in zip(rates, slow)], zero, color="C3",
+             label=f"under {STRAGGLER:.0%} of the median")
+    axes.axhline(median, color="black", linestyle="--", linewidth=1, label=f"median {show(median)} rows/s")
+    legend(axes)
+    shard_axis(axes, len(rates))
+    save(fig, path)
+
+
+def stage_names(shards: list[dict]) -> list[str]:
+    """Every stage named in any shard, in the order a row goes through them (a stage this module
+    does not know goes last), so the stack reads bottom to top like the pipeline."""
+    names = {name for shard in shards for name in shard.get("stages") or {}}
+    return sorted(names, key=lambda name: (STAGES.index(name) if name in STAGES else len(STAGES), name))
+
+
+def plot_stages(shards: list[dict], path: str) -> None:
+    """Each shard's busy seconds per stage, stacked. Stages overlap in time, so the stack can pass
+    the shard's own seconds (the black tick); the tallest part is the stage that bounds it."""
+    fig, axes = figure("Time per pipeline stage", "shard", "busy seconds")
+    bottom = [0.0] * len(shards)
+    for name in stage_names(shards):
+        values = [(s.get("stages") or {}).get(name, 0.0) for s in shards]
+        bars(axes, values, bottom, label=name)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    if len(shards) <= MAX_BARS:  # past that, ticks would hide the bars
+        seconds = [s.get("seconds") or 0.0 for s in shards]
+        axes.plot(range(len(shards)), seconds, "_", color="black", markersize=12, label="shard seconds")
+    legend(axes)
+    shard_axis(axes, len(shards))
+    save(fig, path)
+
+
+def plot_token_lengths(lengths: dict[str, int], max_length: int | None, truncated: int, path: str) -> None:
+    """Rows per real token length (after truncation, so cut texts pile up at max_length): whether
+    max_length suits the data, and how much a batch of mixed lengths would pad."""
+    counts = {int(length): rows for length, rows in lengths.items()}
+    title = "Text lengths in tokens"
+    if max_length:
+        title += f" (dashed: max_length {max_length}; {truncated:,} rows truncated)"
+    fig, axes = figure(title, "tokens per row (special tokens included)", "rows")
+    if counts:  # a filled step outline: as fast for max_length 8192 as for 32
+        values = [counts.get(n, 0) for n in range(1, max(max(counts), max_length or 0) + 1)]
+        edges = [n + 0.5 for n in range(len(values) + 1)]
+        axes.fill_between(edges, values + values[-1:], step="post", linewidth=0, color="C0")
+    if max_length:
+        axes.axvline(max_length, color="C3", linestyle="--", linewidth=1.5)
+    save(fig, path)
+
+
+def read_summary(path: str) -> dict:
+    summary = json.loads(Path(path).read_text())
+    if "run" not in summary:
+        raise UserError(f"`{path}` was written by an earlier version of gather (no `run` block); "
+                        "rerun it with `snakemake --forcerun gather`")
+    return summary
+
+
+def write_report(summary_path: str, files: ReportFiles) -> None:
+    """The report rule: both tables and the three figures from the run's summary."""
+    summary = read_summary(summary_path)
+    run, shards = summary["run"], summary["per_shard"]
+    for path, page in ((files.run, html_table("Run at a glance", run_rows(summary))),
+                       (files.shards, html_table("Shards", shard_rows(summary), SHARD_COLUMNS))):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(page)
+    plot_rows_per_s(shards, files.rows_per_s)
+    plot_stages(shards, files.stages)
+    plot_token_lengths(summary.get("token_lengths") or {}, run["max_length"], run["truncated"], files.token_lengths)
+    log.info("wrote the report items for %d shards: %s", len(shards), ", ".join(vars(files).values()))

@@ -1,0 +1,40 @@
+"""The few lines a user reads on the terminal after a successful run, made from results/summary.json.
+
+Logs hold everything; these lines say what a user must know without opening them: how many rows
+were written where, how fast, what was truncated (and where to see which), and warnings such as a
+run that fell back to the CPU. Free of torch: the Snakefile's `onsuccess` handler calls it.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+
+def summary_lines(summary: dict, predictions: str, summary_path: str) -> list[str]:
+    """One line each: rows written, throughput, then truncation and warnings when there are any."""
+    run = summary.get("run") or {}
+    rows, shards = summary["rows"], summary["shards"]
+    lines = [f"shardinfer: {rows:,} rows written to {predictions}, proven complete and in input order "
+             f"({shards} shard{'s' if shards != 1 else ''}, index 0..{rows - 1})"]
+    if run.get("rows_per_s") is not None:
+        lines.append(f"shardinfer: {run['rows_per_s']:,.1f} rows/s, {run['real_tokens_per_s']:,.0f} tokens/s over "
+                     f"{run['wall_s']:,.1f} s of shard jobs (first start to last end); padding ratio "
+                     f"{run['padding_ratio']}; {', '.join(run['devices'])}, {run['dtype']}")
+    lines.extend(warnings(summary, summary_path))
+    lines.append("shardinfer: figures and tables: snakemake --report report.zip")
+    return lines
+
+
+def warnings(summary: dict, summary_path: str) -> Iterator[str]:
+    """What a user must not miss: truncated texts and a run that used no GPU."""
+    run = summary.get("run") or {}
+    if summary.get("truncated"):
+        first = sorted(row for shard in summary["per_shard"] for row in shard.get("first_truncated_rows") or [])
+        max_length = run.get("max_length") or (summary.get("model") or {}).get("max_length")
+        yield (f"shardinfer: WARNING {summary['truncated']:,} of {summary['rows']:,} texts were longer than "
+               f"max_length={max_length} tokens and were truncated (first rows: {', '.join(map(str, first[:10]))}); "
+               f"each shard's first ones are in {summary_path} (per_shard: first_truncated_rows) and logs/infer/<shard>.log")
+    devices = run.get("devices") or []
+    if devices and all(device.startswith("cpu") for device in devices):
+        yield ("shardinfer: WARNING no GPU was used: every shard ran on the CPU (no CUDA device was visible to "
+               "the jobs)")
