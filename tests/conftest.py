@@ -1,8 +1,12 @@
-"""Shared fixtures: tiny models built locally from configs, inputs, and a real snakemake runner."""
+"""Shared fixtures: tiny models built locally from configs, and finished workflow runs that several
+test modules read (each end-to-end run costs seconds of Snakemake and torch start-up, so a run that
+only needs reading is made once per session)."""
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -15,3 +19,31 @@ import factory  # noqa: E402
 @pytest.fixture(scope="session")
 def models(tmp_path_factory) -> factory.TinyModels:
     return factory.build_tiny_models(tmp_path_factory.mktemp("models"))
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    workdir: Path
+    frame: pd.DataFrame  # the input
+    predictions: pd.DataFrame
+    terminal: str  # what the user saw: stdout and stderr
+
+
+@pytest.fixture(scope="session")
+def classify_runs(models, tmp_path_factory):
+    """`classify_runs(rows, shards)`: one finished classify run per (rows, shards), each in its own
+    working directory, made on first use and shared by every test that only reads it."""
+    cache: dict[tuple[int, int], FinishedRun] = {}
+
+    def finished(rows: int, shards: int) -> FinishedRun:
+        if (rows, shards) not in cache:
+            workdir = tmp_path_factory.mktemp(f"classify-{rows}-{shards}")
+            frame = factory.input_frame(rows)
+            path = factory.write_input(frame, workdir / "data" / "input.parquet")
+            result = factory.run_workflow(workdir, factory.workflow_config(path, models.classifier, shards=shards))
+            assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+            cache[rows, shards] = FinishedRun(workdir, frame, factory.read_predictions(workdir),
+                                              result.stdout + result.stderr)
+        return cache[rows, shards]
+
+    return finished

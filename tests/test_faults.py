@@ -3,7 +3,9 @@ and it equals an undisturbed run row for row, or the run is refused with nothing
 
 from __future__ import annotations
 
+import copy
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -97,12 +99,23 @@ def test_kill_the_whole_snakemake_process_group_then_rerun(undisturbed, tmp_path
     assert_same_rows(read_predictions(tmp_path), expected, float_columns={"probs"})
 
 
+@pytest.fixture(scope="module")
+def finished_once(models, tmp_path_factory):
+    """One finished 3-shard run; its input path is relative, so a copy of the folder is a run too."""
+    workdir = tmp_path_factory.mktemp("finished")
+    write_input(input_frame(50, seed=2), workdir / "data" / "input.csv")
+    config = workflow_config("data/input.csv", models.classifier, shards=3)
+    run_ok(workdir, config)
+    return workdir, config
+
+
 @pytest.fixture
-def finished(models, tmp_path):
-    path = write_input(input_frame(50, seed=2), tmp_path / "data" / "input.csv")
-    config = workflow_config(path, models.classifier, shards=3)
-    run_ok(tmp_path, config)
-    return path, config
+def finished(finished_once, tmp_path):
+    """A private copy of the finished run in `tmp_path` (files, mtimes and Snakemake's metadata),
+    for a test that then changes it; the same as running it there, without the minutes."""
+    workdir, config = finished_once
+    shutil.copytree(workdir, tmp_path, dirs_exist_ok=True, symlinks=True)
+    return tmp_path / "data" / "input.csv", copy.deepcopy(config)
 
 
 def test_a_truncated_shard_is_refused_and_the_old_table_removed(finished, tmp_path):

@@ -3,6 +3,7 @@ summary), and one real run whose `snakemake --report report.zip` holds every ite
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import struct
@@ -11,9 +12,11 @@ import sys
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
+import yaml
 
-from factory import REPO, input_frame, prepare_workdir, workflow_config, write_input
+from factory import REPO, prepare_workdir
 from shardinfer.errors import UserError
 from shardinfer.gather import ShardFile, run_facts, token_lengths
 from shardinfer.plan import Plan
@@ -22,7 +25,7 @@ from shardinfer.report import (MAX_BARS, SHARD_COLUMNS, ReportFiles, html_table,
 
 ITEMS = ("run.html", "shards.html", "rows_per_s.png", "stages.png", "token_lengths.png")
 PNG_SIZE = (800, 400)  # report.SIZE at report.DPI
-ROWS, SHARDS = 200, 3
+ROWS, SHARDS = 1000, 7  # the shared classify run (conftest.classify_runs)
 
 
 def shard_stats(seconds: float, started: float, rows: int = 100, lengths=None) -> dict:
@@ -139,14 +142,13 @@ def test_a_summary_from_before_the_report_is_refused(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def reported(models, tmp_path_factory) -> Path:
-    """One run of the workflow, then `snakemake --report report.zip` in its folder."""
-    workdir = tmp_path_factory.mktemp("report")
-    path = write_input(input_frame(ROWS), workdir / "data" / "input.parquet")
-    command, env = prepare_workdir(workdir, workflow_config(path, models.classifier, shards=SHARDS))
-    for args in ([], ["--report", "report.zip"]):
-        result = subprocess.run([*command, *args], cwd=workdir, env=env, capture_output=True, text=True, timeout=900)
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+def reported(classify_runs) -> Path:
+    """The shared 1000-row, 7-shard classify run, then `snakemake --report report.zip` in its folder."""
+    workdir = classify_runs(ROWS, SHARDS).workdir
+    command, env = prepare_workdir(workdir, yaml.safe_load((workdir / "config" / "config.yaml").read_text()))
+    result = subprocess.run([*command, "--report", "report.zip"], cwd=workdir, env=env, capture_output=True,
+                            text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     return workdir
 
 
@@ -166,6 +168,8 @@ def test_summary_times_the_run(reported):
 
 def test_report_zip_holds_every_item(reported):
     """Snakemake's zip: report/report.html, and each item under report/data/raw/<id>/<file name>."""
+    from matplotlib.image import imread
+
     with zipfile.ZipFile(reported / "report.zip") as report:
         items = {Path(name).name: name for name in report.namelist() if name.startswith("report/data/raw/")}
         assert sorted(items) == sorted(ITEMS)
@@ -174,6 +178,8 @@ def test_report_zip_holds_every_item(reported):
         figure = report.read(items["rows_per_s.png"])
     assert "gather" in page and "Text lengths" in page  # the workflow description, a subcategory
     assert png_size(figure) == PNG_SIZE
+    pixels = imread(io.BytesIO(figure))  # drawn, not blank: bars, axes and text in several colours
+    assert len(np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0)) > 10
     plan = json.loads((reported / "results" / "plan.json").read_text())
     rows = table_rows(shards_page)
     assert [int(row[2].replace(",", "")) for row in rows] == [s["rows"] for s in plan["shards"]]

@@ -4,6 +4,7 @@ and row i is the model's own output for text i."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -31,33 +32,19 @@ def assert_same_rows(got: pd.DataFrame, want: pd.DataFrame, float_columns):
             assert got[column].tolist() == want[column].tolist(), column
 
 
-@pytest.fixture(scope="module")
-def classify_runs(models, tmp_path_factory):
-    """Predictions of one input under several shard counts (each its own working directory)."""
-    cache = {}
-
-    def predictions(rows: int, shards: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-        if (rows, shards) not in cache:
-            workdir = tmp_path_factory.mktemp(f"classify-{rows}-{shards}")
-            frame = input_frame(rows)
-            path = write_input(frame, workdir / "data" / "input.parquet")
-            cache[rows, shards] = (run_ok(workdir, workflow_config(path, models.classifier, shards=shards)), frame)
-        return cache[rows, shards]
-
-    return predictions
+@pytest.mark.parametrize("shards", [4, 7])
+def test_classify_any_shard_count_equals_one_shard(classify_runs, shards):
+    assert_same_rows(classify_runs(1000, shards).predictions, classify_runs(1000, 1).predictions,
+                     float_columns={"probs"})
 
 
-@pytest.mark.parametrize("rows,shards", [(1000, 2), (1000, 4), (1000, 7), (5, 8), (1, 2)])
-def test_classify_any_shard_count_equals_one_shard(classify_runs, rows, shards):
-    one, _ = classify_runs(rows, 1)
-    many, _ = classify_runs(rows, shards)
-    assert_same_rows(many, one, float_columns={"probs"})
-
-
-@pytest.mark.parametrize("rows", [1000, 5, 1])
-def test_classify_rows_are_the_models_own_outputs(classify_runs, models, rows):
-    got, frame = classify_runs(rows, 1)
+@pytest.mark.parametrize("rows,shards", [(1000, 1), (1000, 7), (5, 8), (1, 2)])
+def test_classify_rows_are_the_models_own_outputs(classify_runs, models, rows, shards):
+    """Against the model run on each text alone: with more shards than rows (empty shards) too."""
+    run = classify_runs(rows, shards)
+    got, frame = run.predictions, run.frame
     label_ids, probs = reference.classify(models.classifier, frame["text"].tolist(), max_length=32)
+    assert list(got.columns) == ["index", "id", "gold", "label", "label_id", "probs"]
     assert got["index"].tolist() == list(range(rows))
     assert got["id"].tolist() == frame["id"].tolist() and got["gold"].tolist() == frame["gold"].tolist()
     assert got["label_id"].tolist() == label_ids.tolist()
@@ -66,9 +53,8 @@ def test_classify_rows_are_the_models_own_outputs(classify_runs, models, rows):
     assert all(len(p) == 3 for p in got["probs"])
 
 
-def test_summary_reports_every_shard(classify_runs, tmp_path_factory):
-    many, _ = classify_runs(1000, 7)
-    workdir = next(p for p in tmp_path_factory.getbasetemp().iterdir() if p.name.startswith("classify-1000-7"))
+def test_summary_reports_every_shard(classify_runs):
+    workdir = classify_runs(1000, 7).workdir
     summary = json.loads((workdir / "results" / "summary.json").read_text())
     assert summary["rows"] == 1000 and summary["shards"] == 7
     plan = json.loads((workdir / "results" / "plan.json").read_text())
@@ -80,39 +66,61 @@ def test_summary_reports_every_shard(classify_runs, tmp_path_factory):
     assert summary["truncated"] == sum(s["truncated"] for s in summary["per_shard"]) > 0
 
 
-@pytest.mark.parametrize("rows,shards", [(499, 7), (1, 2)])
-def test_embed_sharded_equals_unbatched_reference(models, tmp_path, rows, shards):
-    frame = input_frame(rows, seed=rows)
-    path = write_input(frame, tmp_path / "input.jsonl")
-    config = workflow_config(path, models.encoder, task="embed", shards=shards)
-    got = run_ok(tmp_path, config)
+def test_the_terminal_shows_a_summary_after_the_run(classify_runs):
+    run = classify_runs(1000, 7)
+    summary = json.loads((run.workdir / "results" / "summary.json").read_text())
+    lines = [line for line in run.terminal.splitlines() if line.startswith("shardinfer: ")]
+    assert lines[0].startswith("shardinfer: 1,000 rows written to results/predictions.parquet, proven complete")
+    assert f"{summary['run']['rows_per_s']:,.1f} rows/s" in lines[1]
+    assert any(f"WARNING {summary['truncated']:,} of 1,000 texts were longer than max_length=32" in line
+               for line in lines)
+    assert any("WARNING no GPU was used" in line for line in lines)
+    shard_log = (run.workdir / "logs" / "infer" / "0.log").read_text()
+    assert re.search(r"rows (\d+)/\1 \(100%\), \d+ rows/s, ETA 0 s", shard_log)
+
+
+@pytest.mark.parametrize("suffix,shards", [(".jsonl", 7), (".csv", 1)])
+def test_embed_sharded_equals_unbatched_reference(models, embed_runs, suffix, shards):
+    """7 shards (jsonl) and 1 shard (csv) each equal the model's own output, and each other."""
+    got, frame = embed_runs(suffix, shards)
     want = reference.embed(models.encoder, frame["text"].tolist(), max_length=32)
-    assert got["index"].tolist() == list(range(rows))
+    assert got["index"].tolist() == list(range(499)) and got["id"].tolist() == frame["id"].tolist()
+    gold = frame["gold"].astype(str) if suffix == ".csv" else frame["gold"]  # csv has no types: kept as text
+    assert got["gold"].tolist() == gold.tolist()
     np.testing.assert_allclose(np.stack(got["embedding"]), want, atol=ATOL)
 
 
-def test_embed_one_shard_equals_seven_with_normalisation(models, tmp_path):
-    frame = input_frame(499, seed=7)
-    path = write_input(frame, tmp_path / "data" / "input.csv")
-    results = []
-    for shards in (1, 7):
-        config = workflow_config(path, models.encoder, task="embed", shards=shards, embed={"normalize": True})
-        results.append(run_ok(tmp_path / f"run{shards}", config))
-    assert_same_rows(results[1], results[0], float_columns={"embedding"})
-    np.testing.assert_allclose(np.linalg.norm(np.stack(results[0]["embedding"]), axis=1), 1.0, atol=1e-5)
+def test_embed_seven_shards_equal_one(embed_runs):
+    seven, one = embed_runs(".jsonl", 7)[0], embed_runs(".csv", 1)[0]
+    assert_same_rows(seven.drop(columns="gold"), one.drop(columns="gold"), float_columns={"embedding"})
+    assert seven["gold"].astype(str).tolist() == one["gold"].tolist()
 
 
-@pytest.mark.parametrize("suffix", [".parquet", ".csv", ".jsonl"])
-def test_every_input_format_keeps_columns(models, tmp_path, suffix):
-    frame = input_frame(23, seed=3)
-    path = write_input(frame, tmp_path / "data" / f"input{suffix}")
-    got = run_ok(tmp_path, workflow_config(path, models.classifier, shards=3))
-    assert list(got.columns) == ["index", "id", "gold", "label", "label_id", "probs"]
-    assert got["id"].tolist() == frame["id"].tolist()
-    gold = frame["gold"].astype(str) if suffix == ".csv" else frame["gold"]  # csv has no types: kept as text
-    assert got["gold"].tolist() == gold.tolist()
-    label_ids, _ = reference.classify(models.classifier, frame["text"].tolist(), max_length=32)
-    assert got["label_id"].tolist() == label_ids.tolist()
+def test_embed_normalised_with_an_empty_shard(models, tmp_path):
+    frame = input_frame(1, seed=1)
+    path = write_input(frame, tmp_path / "input.parquet")
+    got = run_ok(tmp_path, workflow_config(path, models.encoder, task="embed", shards=2, embed={"normalize": True}))
+    want = reference.embed(models.encoder, frame["text"].tolist(), max_length=32, normalize=True)
+    assert got["index"].tolist() == [0] and got["id"].tolist() == frame["id"].tolist()
+    np.testing.assert_allclose(np.stack(got["embedding"]), want, atol=ATOL)
+    np.testing.assert_allclose(np.linalg.norm(np.stack(got["embedding"]), axis=1), 1.0, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def embed_runs(models, tmp_path_factory):
+    """The same 499 rows embedded from a jsonl and a csv file, with 1 or 7 shards."""
+    cache = {}
+
+    def predictions(suffix: str, shards: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+        if (suffix, shards) not in cache:
+            workdir = tmp_path_factory.mktemp(f"embed-{shards}")
+            frame = input_frame(499, seed=7)
+            path = write_input(frame, workdir / "data" / f"input{suffix}")
+            cache[suffix, shards] = (run_ok(workdir, workflow_config(path, models.encoder, task="embed", shards=shards)),
+                                     frame)
+        return cache[suffix, shards]
+
+    return predictions
 
 
 def perturbed_copy(model_dir, out):
@@ -132,7 +140,7 @@ def perturbed_copy(model_dir, out):
 
 
 def test_tokenizing_ahead_gives_the_identical_table_and_is_reused_by_another_model(classify_runs, models, tmp_path):
-    inline, frame = classify_runs(1000, 4)
+    inline, frame = classify_runs(1000, 4).predictions, classify_runs(1000, 4).frame
     path = write_input(frame, tmp_path / "data" / "input.parquet")
     config = workflow_config(path, models.classifier, shards=4, tokenize={"ahead": True})
     first = run_workflow(tmp_path, config)
@@ -164,14 +172,6 @@ def test_lora_adapter_is_applied_and_matches_peft(models, tmp_path):
     _, base_probs = reference.classify(models.classifier, texts, max_length=32)
     np.testing.assert_allclose(np.stack(got["probs"]), peft_probs, atol=ATOL)
     assert np.abs(np.stack(got["probs"]) - base_probs).max() > 1e-2
-
-
-def test_lora_supplies_the_head_a_base_encoder_lacks(models, tmp_path):
-    frame = input_frame(20, seed=6)
-    path = write_input(frame, tmp_path / "data" / "input.parquet")
-    got = run_ok(tmp_path, workflow_config(path, models.encoder, shards=2, adapter=models.lora_on_encoder))
-    _, peft_probs = reference.classify(models.encoder, frame["text"].tolist(), max_length=32, adapter=models.lora_on_encoder)
-    np.testing.assert_allclose(np.stack(got["probs"]), peft_probs, atol=ATOL)
 
 
 def assert_refused(result, workdir, *fragments):
