@@ -1,37 +1,7 @@
-# Sharded batch inference with Hugging Face models: plan -> one GPU job per shard -> gather
-# that proves every input row is in the output once, in order.
-#
-#   snakemake --cores all --resources gpu=4     # a workstation with 4 GPUs
-#   snakemake --cores all                       # no GPU: the same workflow on CPU
-#   snakemake --report report.zip               # afterwards: the run's tables and figures
+# The workflow is defined in workflow/Snakefile (where the Snakemake workflow catalog looks for it).
+# This file is what to give `-s` from your own folder: `snakemake -s <clone>/Snakefile` also
+# applies the workflow profile profiles/default beside it, which Snakemake looks for next to the
+# Snakefile it is given (and in the working directory). Included as Snakemake includes a main
+# Snakefile, so that its `rule all` stays the default target (an `include:` would drop it).
 
-
-from snakemake.utils import min_version
-
-min_version("9.0")
-
-
-# Skipped when this workflow is a module given `config:` (README: "Use as a module").
-configfile: "config/config.yaml"
-
-
-report: "workflow/report/workflow.rst"
-
-
-include: "workflow/rules/common.smk"
-include: "workflow/rules/plan.smk"
-include: "workflow/rules/tokenize.smk"
-include: "workflow/rules/infer.smk"
-include: "workflow/rules/gather.smk"
-include: "workflow/rules/report.smk"
-
-
-rule all:
-    default_target: True
-    input:
-        rules.gather.output,
-        rules.report_items.output,
-
-
-onsuccess:
-    print_run_summary(rules.gather.output.predictions, rules.gather.output.summary)
+workflow.include("workflow/Snakefile", overwrite_default_target=True)

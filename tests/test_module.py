@@ -19,7 +19,7 @@ configfile: "config/config.yaml"
 
 module shardinfer:
     snakefile:
-        "{repo}/Snakefile"
+        "{repo}/workflow/Snakefile"
     config:
         config
 
@@ -93,6 +93,21 @@ def test_catalog_file_names_the_flags_and_deployment_the_readme_gives():
         assert flag in readme, flag
     assert usage["software-stack-deployment"]["conda"] is True and "--sdm conda" in readme
     assert usage["report"] is True and (REPO / "config" / "README.md").is_file()
+
+
+def test_the_catalogs_standard_layout_and_its_rulegraph_check_hold(tmp_path):
+    """Standardized usage wants workflow/Snakefile, config/README.md and the catalog file; its
+    workflow page draws the rule graph of `snakemake -s workflow/Snakefile -c 1 -d .test --forceall
+    --rulegraph`, which must run in a fresh clone (no jobs run: a second or two)."""
+    assert (REPO / "workflow" / "Snakefile").is_file() and (REPO / "config" / "README.md").is_file()
+    command = [sys.executable, "-m", "snakemake", "-s", "workflow/Snakefile", "-c", "1", "-d", ".test", "--forceall",
+               "--rulegraph"]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=local_env(tmp_path), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    edges = set(re.findall(r"(\d+) -> (\d+)", result.stdout))
+    names = dict(re.findall(r'(\d+)\[label = "(\w+)"', result.stdout))
+    assert {(names[a], names[b]) for a, b in edges} >= {("plan", "infer"), ("infer", "gather"), ("gather", "report_items"),
+                                                         ("gather", "all"), ("report_items", "all")}
 
 
 def test_config_readme_describes_every_schema_key():
