@@ -186,3 +186,16 @@ def build_lora_on_plain_base(root: Path) -> tuple[Path, Path, Path]:
     config["label2id"] = {name: i for i, name in LABELS.items()}
     (edited / "config.json").write_text(json.dumps(config))
     return base, adapter, edited
+
+
+def flip_a_data_page_byte(path: Path | str, column: str) -> None:
+    """Flip one bit in the last byte of `column`'s chunk in the first row group: a page's header comes
+    before its data, so that byte is page data (the last page's), never a header or the footer."""
+    import pyarrow.parquet as pq
+
+    group = pq.ParquetFile(path).metadata.row_group(0)
+    chunk = next(group.column(i) for i in range(group.num_columns) if group.column(i).path_in_schema.split(".")[0] == column)
+    first = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+    data = bytearray(Path(path).read_bytes())
+    data[first + chunk.total_compressed_size - 1] ^= 0x01
+    Path(path).write_bytes(bytes(data))

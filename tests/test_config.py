@@ -66,7 +66,6 @@ def test_demo_model_resolves_inside_its_package():
         ({"input": {"path": "missing.csv"}}, r"input.path `missing.csv` does not exist"),
         ({"input": {"keep_columns": ["probs"]}}, r"keep_columns: `probs` clashes with an output column"),
         ({"input": {"keep_columns": ["index"]}}, r"keep_columns: `index` clashes with an output column"),
-        ({"input": {"keep_columns": ["text"]}}, r"`text` is the text column"),
         ({"model": {"path": "/nonexistent"}}, r"model.path `/nonexistent` is not a Hugging Face model directory"),
         ({"model": {"adapter": "/nonexistent"}}, r"model.adapter `/nonexistent` is not a PEFT adapter directory"),
     ],
@@ -109,8 +108,43 @@ def test_schema_errors_name_key_value_and_allowed(change, message):
 
 
 def test_max_length_above_the_models_limit(tmp_path, models):
-    with pytest.raises(UserError, match=r"model.max_length 100 is above the model's limit of 64 tokens; use 1..64"):
+    with pytest.raises(UserError, match=r"model.max_length 100 is above the model's limit of 64 tokens; use 3..64"):
         check_settings(settings(tmp_path, models, model={"max_length": 100}))
+
+
+@pytest.mark.parametrize("max_length", [1, 2])
+def test_max_length_without_room_beside_the_special_tokens(tmp_path, models, max_length):
+    """BERT adds [CLS] and [SEP]: read from tokenizer.json when the Snakefile loads, not failed in the model."""
+    with pytest.raises(UserError, match=rf"model.max_length {max_length} leaves no room for text: the tokenizer adds "
+                                        r"2 special token\(s\) to every text; use 3..64$"):
+        check_settings(settings(tmp_path, models, model={"max_length": max_length}))
+    check_settings(settings(tmp_path, models, model={"max_length": 3}))
+
+
+def test_shard_job_refuses_max_length_without_room_for_text(models):
+    """A tokenizer without tokenizer.json is not checked at load; the shard job's encoder refuses it."""
+    from transformers import AutoTokenizer
+
+    from shardinfer.tokens import Encoder
+
+    tokenizer = AutoTokenizer.from_pretrained(models.classifier)
+    with pytest.raises(UserError, match=r"model.max_length 2 leaves no room for text: .* use at least 3"):
+        Encoder(tokenizer, 2)
+    assert Encoder(tokenizer, 3).encode(["the cat"])[0] == [[2, 5, 3]]  # [CLS] the [SEP], cut and counted
+    assert Encoder(tokenizer, 3).encode(["the cat"])[1] == [0]
+
+
+@pytest.mark.parametrize("name,fmt", [("folder", "auto"), ("table.parquet", "auto"), ("table.parquet", "parquet")])
+def test_directory_as_input_is_named_a_directory(tmp_path, models, name, fmt):
+    """With or without a table's extension (Spark writes `table.parquet/` folders), format given or not."""
+    (tmp_path / name).mkdir()
+    with pytest.raises(UserError, match=r"input.path `.*` is a directory; give one file") as caught:
+        check_settings(settings(tmp_path, models, input={"path": str(tmp_path / name), "format": fmt}))
+    assert "\n" not in str(caught.value)
+
+
+def test_text_column_may_be_kept(tmp_path, models):
+    check_settings(settings(tmp_path, models, input={"keep_columns": ["id", "text"]}))
 
 
 def test_tokenizer_key_follows_the_tokenizer_not_the_weights(tmp_path, models):

@@ -4,6 +4,7 @@ and it equals an undisturbed run row for row, or the run is refused with nothing
 from __future__ import annotations
 
 import copy
+import json
 import os
 import shutil
 import signal
@@ -141,6 +142,21 @@ def test_changed_input_is_replanned(finished, tmp_path, models):
     label_ids, probs = reference.classify(models.classifier, frame["text"].tolist(), max_length=32)
     assert got["index"].tolist() == list(range(64)) and got["label_id"].tolist() == label_ids.tolist()
     np.testing.assert_allclose(np.stack(got["probs"]), probs, atol=1e-5)
+
+
+def test_a_replaced_input_with_an_older_mtime_is_replanned(finished, tmp_path):
+    """What `cp -p`, `rsync -a` and `tar x` do: another table put in place with an mtime older than the
+    plan's. Snakemake's mtime check alone answers "Nothing to be done" and keeps the old table."""
+    path, config = finished
+    plan = tmp_path / "results" / "plan.json"
+    planned = json.loads(plan.read_text())["plan_id"]
+    frame = input_frame(37, seed=7).assign(id=[f"new-{i}" for i in range(37)])
+    write_input(frame, path)
+    older = plan.stat().st_mtime_ns - 3600 * 10**9
+    os.utime(path, ns=(older, older))
+    got = run_ok(tmp_path, config)
+    assert json.loads(plan.read_text())["plan_id"] != planned
+    assert got["index"].tolist() == list(range(37)) and got["id"].tolist() == frame["id"].tolist()
 
 
 def test_changed_model_settings_rerun_every_shard(finished, tmp_path, models):

@@ -2,13 +2,15 @@
 the shard, and no predictions file appears."""
 
 import json
+import os
+import shutil
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from factory import input_frame, input_settings, write_input
+from factory import flip_a_data_page_byte, input_frame, input_settings, write_input
 from shardinfer.config import IDENTITY_KEY, BatchSettings, ModelSettings, Settings
 from shardinfer.errors import ProofError, UserError
 from shardinfer.gather import run_gather
@@ -159,4 +161,46 @@ def test_input_changed_after_planning_is_refused_before_writing(tmp_path):
     with pytest.raises(UserError, match=r"input `.*in.parquet` changed since planning .*rerun the plan"):
         run_gather(str(tmp_path / "plan.json"), [str(tmp_path / "0.parquet"), str(tmp_path / "1.parquet")], inp, {},
                    DIGEST, str(out), str(tmp_path / "out" / "summary.json"))
+    assert not out.exists()
+
+
+def test_a_shard_with_edited_values_and_its_metadata_kept_is_refused_and_nothing_written(shards, tmp_path):
+    """Only the values change: index, identity, stats and content digest are copied over as they were."""
+    def edit(table, identity):
+        probs = table.column("probs").to_pylist()
+        probs[3] = [p + 0.25 for p in probs[3]]
+        return table.set_column(table.schema.get_field_index("probs"), "probs",
+                                pa.array(probs, type=table.schema.field("probs").type)), identity
+
+    assert_refused(shards, tampered(shards[2], tmp_path, 1, edit), r"shard 1 .*: its values are not those its job wrote")
+    assert not list((shards[0] / "out").glob(".*partial"))  # shard 0 was already streamed: the partial file is gone
+
+
+def test_a_flipped_byte_in_a_data_page_is_refused_as_a_checksum_failure(shards, tmp_path):
+    """A bit flipped in page data (not a header or the footer) of `probs`, a column read only while
+    writing, mid-stream, after shards 0 and 1 are already in the partial file."""
+    (tmp_path / "shards").mkdir()
+    paths = [shutil.copy(path, tmp_path / "shards") for path in shards[2]]  # byte for byte, checksums kept
+    flip_a_data_page_byte(paths[2], "probs")
+    assert_refused(shards, paths, r"shard 2 .*: damaged: a page fails its checksum \(.*CRC")
+    assert not list((shards[0] / "out").glob(".*partial"))
+
+
+def test_input_edited_with_the_same_size_and_mtime_is_refused_by_its_content_digest(tmp_path):
+    path = write_input(input_frame(10), tmp_path / "in.csv")
+    inp = input_settings(path)
+    run_plan(inp, 2, 32, str(tmp_path / "plan.json"))
+    before = path.stat()
+    text = path.read_text()
+    edited = text.replace("row-3,", "row-8,", 1)
+    assert edited != text and len(edited) == len(text)
+    path.write_text(edited)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    out = tmp_path / "out" / "predictions.parquet"
+    with pytest.raises(ProofError, match=r"^input `.*in.csv` changed since planning: same size and mtime, other "
+                                         r"content \(sha256:\w+ -> sha256:\w+\); rerun the plan") as caught:
+        run_gather(str(tmp_path / "plan.json"), [str(tmp_path / "0.parquet"), str(tmp_path / "1.parquet")], inp, {},
+                   DIGEST, str(out), str(tmp_path / "out" / "summary.json"))
+    assert "\n" not in str(caught.value)
     assert not out.exists()

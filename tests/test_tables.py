@@ -6,6 +6,7 @@ import pytest
 from factory import input_frame, write_input
 from factory import input_settings as settings_for
 from shardinfer.errors import UserError
+from shardinfer import tables
 from shardinfer.tables import count_rows, iter_range, scan_input, windows
 
 
@@ -72,3 +73,126 @@ def test_windows_regroup_batches_contiguously_with_a_short_first_window(first_si
     assert sizes[0] == want_first and all(n == 10 for n in sizes[1:-1]) and sum(sizes) == 42
     assert [first for first, _ in got] == [10 + sum(sizes[:i]) for i in range(len(sizes))]
     assert [v for _, t in got for v in t.column("x").to_pylist()] == list(range(10, 52))
+
+
+# JSONL of any size reads as a 40-line one does: Arrow types a JSONL file from its first block
+# (tables.BLOCK_BYTES) and numbers rows within a block, so these use a file of several blocks.
+
+BIG_ROWS = 60_000  # about 11 MB: three blocks
+LATE_FROM = 30_000  # `source` first appears here, past the first block
+
+
+def big_row(i: int) -> str:
+    source = f', "source": "src-{i}"' if i >= LATE_FROM and i % 3 == 0 else ""
+    return f'{{"id": {i}, "text": "row {i} {words_of(i)}"{source}}}'
+
+
+def words_of(i: int) -> str:  # rows of varied length, cheap to make
+    return "the cat sat on a mat " * (4 + i % 7)
+
+
+@pytest.fixture(scope="module")
+def big_jsonl(tmp_path_factory):
+    path = tmp_path_factory.mktemp("big") / "big.jsonl"
+    path.write_text("\n".join(big_row(i) for i in range(BIG_ROWS)) + "\n")
+    assert path.stat().st_size > 10_000_000
+    assert path.read_bytes().find(b'"source"') > tables.BLOCK_BYTES  # first seen after the first block
+    return path
+
+
+def test_jsonl_field_first_seen_after_the_first_block_is_read_in_every_row(big_jsonl):
+    table = pa.Table.from_batches([b for _, b in iter_range(settings_for(big_jsonl, keep_columns=("id", "source")),
+                                                            0, BIG_ROWS)])
+    want = [f"src-{i}" if i >= LATE_FROM and i % 3 == 0 else None for i in range(BIG_ROWS)]
+    assert table.column("source").to_pylist() == want
+    assert table.column("id").to_pylist() == list(range(BIG_ROWS))
+    assert scan_input(settings_for(big_jsonl, keep_columns=("source",))).rows == BIG_ROWS
+
+
+def first_block_rows(path) -> int:
+    with open(path, "rb") as handle:
+        return handle.read(tables.BLOCK_BYTES).count(b"\n")
+
+
+@pytest.mark.parametrize("where", ["across", "at", "after", "to the end"])
+def test_jsonl_ranges_across_block_boundaries_are_exact(big_jsonl, where):
+    cut = first_block_rows(big_jsonl)  # rows [0, cut) are the first block
+    start, end = {"across": (cut - 3, cut + 3), "at": (cut, cut + 1), "after": (cut + 1, 2 * cut + 2),
+                  "to the end": (BIG_ROWS - 5, BIG_ROWS)}[where]
+    pieces = list(iter_range(settings_for(big_jsonl, keep_columns=("id",)), start, end))
+    assert pieces[0][0] == start
+    table = pa.Table.from_batches([b for _, b in pieces])
+    assert table.column("id").to_pylist() == list(range(start, end))
+    assert table.column("text").to_pylist() == [f"row {i} {words_of(i)}" for i in range(start, end)]
+
+
+@pytest.mark.parametrize("rows", [40, BIG_ROWS])
+def test_jsonl_parse_error_names_the_files_own_line(tmp_path, rows):
+    lines = [big_row(i) for i in range(rows)]
+    lines[rows - 7] = '{"id": 1, "text": "a trailing comma",}'
+    lines.insert(2, "")  # a blank line: Arrow skips it when it counts rows, the file's lines do not
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(UserError) as caught:
+        scan_input(settings_for(path))
+    message = str(caught.value)
+    assert f"cannot read it as jsonl: line {rows - 5}: JSON parse error: Missing a name" in message, message
+    assert "\n" not in message and "row" not in message
+
+
+def test_jsonl_keep_column_in_no_row_lists_the_columns_of_every_row(big_jsonl):
+    with pytest.raises(UserError, match=r"column `label` is not in .*; its columns are: id, text, source$"):
+        scan_input(settings_for(big_jsonl, keep_columns=("label",)))
+
+
+def test_jsonl_column_of_two_types_is_refused_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(tables, "BLOCK_BYTES", 8)  # a block per line: the second type is in a later block
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(f'{{"id": {i}, "text": "t"}}\n' for i in range(10)) + '{"id": "x", "text": "t"}\n')
+    with pytest.raises(UserError, match=r"column `id` holds int64 before line 11 and string from there on; give it one type"):
+        scan_input(settings_for(path))
+
+
+def test_jsonl_dates_then_other_strings_in_a_later_block_are_text(tmp_path, monkeypatch):
+    monkeypatch.setattr(tables, "BLOCK_BYTES", 8)  # Arrow types the first blocks' dates as timestamps
+    path = tmp_path / "dates.jsonl"
+    path.write_text('{"when": "2020-01-01", "text": "a"}\n{"when": "soon", "text": "b"}\n{"text": "c"}\n')
+    batches = [b for _, b in iter_range(settings_for(path, keep_columns=("when",)), 0, 3)]
+    assert pa.Table.from_batches(batches).column("when").to_pylist() == ["2020-01-01", "soon", None]
+
+
+def test_gzipped_jsonl_reads_a_late_field_too(tmp_path, monkeypatch):
+    import gzip
+
+    monkeypatch.setattr(tables, "BLOCK_BYTES", 100)  # many blocks
+    path = tmp_path / "in.jsonl.gz"
+    path.write_bytes(gzip.compress("".join(big_row(LATE_FROM - 20 + i) + "\n" for i in range(40)).encode()))
+    table = pa.Table.from_batches([b for _, b in iter_range(settings_for(path, keep_columns=("source",)), 0, 40)])
+    assert table.column("source").to_pylist() == [f"src-{i}" if i >= LATE_FROM and i % 3 == 0 else None
+                                                  for i in range(LATE_FROM - 20, LATE_FROM + 20)]
+
+
+@pytest.mark.parametrize("keep,named", [(("id",), "id"), ((), "text")])
+def test_duplicate_csv_column_is_refused_naming_it(tmp_path, keep, named):
+    path = tmp_path / "in.csv"
+    path.write_text("id,text,id,text\n1,a,2,b\n" if named == "text" else "id,text,id\n1,a,2\n")
+    with pytest.raises(UserError, match=rf"has 2 columns named `{named}`; rename them") as caught:
+        scan_input(settings_for(path, keep_columns=keep))
+    assert "\n" not in str(caught.value)
+
+
+def test_duplicate_parquet_column_is_refused_naming_it(tmp_path):
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.table([pa.array([1]), pa.array(["a"]), pa.array([2])], names=["id", "text", "id"]), path)
+    with pytest.raises(UserError, match=r"input.keep_columns: .* has 2 columns named `id`"):
+        scan_input(settings_for(path, keep_columns=("id",)))
+
+
+def test_text_column_kept_reads_twice_in_place(tmp_path):
+    frame = input_frame(5)
+    path = write_input(frame, tmp_path / "in.jsonl")
+    batch = next(iter_range(settings_for(path, keep_columns=("id", "text")), 1, 4))[1]
+    assert batch.schema.names == ["text", "id", "text"]
+    assert batch.column(2).to_pylist() == batch.column(0).to_pylist() == frame["text"].tolist()[1:4]

@@ -8,6 +8,7 @@ import re
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 import reference
@@ -207,3 +208,37 @@ def test_bad_config_is_reported_before_any_job(models, tmp_path):
     result = run_workflow(tmp_path, workflow_config(path, models.classifier, input={"keep_columns": ["label"]}))
     assert_refused(result, tmp_path, "input.keep_columns: `label` clashes with an output column")
     assert not (tmp_path / "results").exists()
+
+
+def test_text_and_a_late_optional_field_are_kept_from_jsonl(models, tmp_path):
+    """keep_columns [id, text, source]: the text beside its label, and a field only the last rows
+    carry (absent, not null, before), typed over the whole file, across two shards."""
+    frame = input_frame(120)
+    sources = [f"src-{i}" if i >= 100 and i % 2 else None for i in range(120)]
+    lines = [json.dumps({**row, **({"source": source} if source else {})})
+             for row, source in zip(frame.to_dict(orient="records"), sources)]
+    path = tmp_path / "data" / "input.jsonl"
+    path.parent.mkdir()
+    path.write_text("\n".join(lines) + "\n")
+    config = workflow_config(path, models.classifier, shards=2, input={"keep_columns": ["id", "text", "source"]})
+    got = run_ok(tmp_path, config)
+    assert list(got.columns) == ["index", "id", "text", "source", "label", "label_id", "probs"]
+    assert got["text"].tolist() == frame["text"].tolist()
+    written = pq.read_table(tmp_path / "results" / "predictions.parquet", columns=["source"])
+    assert written.column("source").to_pylist() == sources and got["id"].tolist() == frame["id"].tolist()
+    label_ids, _ = reference.classify(models.classifier, frame["text"].tolist(), max_length=32)
+    assert got["label_id"].tolist() == label_ids.tolist()
+
+
+def test_bad_line_deep_in_a_large_jsonl_is_named_on_the_terminal(models, tmp_path):
+    """10 MB, three of Arrow's blocks: the user reads the file's own line number, not a row within a block."""
+    rows = 66_000
+    lines = [f'{{"id": "row-{i}", "gold": 0, "text": "the cat sat on a mat {i} {"and ran " * (i % 24)}"}}'
+             for i in range(rows)]
+    lines[rows - 10] = '{"id": "bad", "text": "a trailing comma",}'
+    path = tmp_path / "data" / "input.jsonl"
+    path.parent.mkdir()
+    path.write_text("\n".join(lines) + "\n")
+    assert path.stat().st_size > 10_000_000
+    result = run_workflow(tmp_path, workflow_config(path, models.classifier, shards=2))
+    assert_refused(result, tmp_path, f"cannot read it as jsonl: line {rows - 9}: JSON parse error")

@@ -34,6 +34,7 @@ from shardinfer.config import (
     tokenizer_digest,
 )
 from shardinfer.errors import UserError
+from shardinfer.identity import gather_trigger, plan_trigger
 from shardinfer.terminal import summary_lines
 
 
@@ -51,6 +52,11 @@ def load_settings(config):
 
 SETTINGS = load_settings(config)
 DIGEST = output_digest(SETTINGS)
+# The input's identity as params of plan and gather (README, "When things go wrong"). Another
+# size or mtime, older too, replans; another ctime or inode reruns gather, which checks the
+# input's content digest.
+INPUT_VERSION = plan_trigger(SETTINGS.input.path)
+INPUT_IDENTITY = gather_trigger(SETTINGS.input.path)
 
 
 wildcard_constraints:

@@ -14,5 +14,7 @@ rule gather:
     params:
         settings=SETTINGS.to_dict(),
         digest=DIGEST,
+        # Only a rerun trigger: a copied or rewritten input is checked again by its content digest.
+        input_identity=INPUT_IDENTITY,
     script:
         "../../scripts/gather.py"

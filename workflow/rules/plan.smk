@@ -14,5 +14,7 @@ rule plan:
         shards=SETTINGS.shards,
         max_length=SETTINGS.model.max_length,
         shard_dir=os.path.dirname(SHARD_FILE),
+        # Only a rerun trigger: a replaced input with an older mtime replans too.
+        input_version=INPUT_VERSION,
     script:
         "../../scripts/plan.py"

@@ -46,9 +46,13 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 @contextmanager
 def atomic_parquet_writer(path: str | Path, schema: pa.Schema) -> Iterator[pq.ParquetWriter]:
-    """A ParquetWriter whose file only takes its final name once closed without error."""
+    """A ParquetWriter whose file only takes its final name once closed without error.
+
+    Every page carries a CRC32 checksum, so a reader that asks for verification
+    (`page_checksum_verification=True`) refuses a file damaged on disk instead of reading wrong values.
+    """
     with atomic_path(path) as tmp:
-        writer = pq.ParquetWriter(tmp, schema)
+        writer = pq.ParquetWriter(tmp, schema, write_page_checksum=True)
         try:
             yield writer
         finally:

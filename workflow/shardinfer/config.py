@@ -130,8 +130,16 @@ def settings_from_config(config: dict) -> Settings:
     )
 
 
+def refuse_directory(path: str) -> None:
+    """A folder of files (Spark's `table.parquet/` too) is not one table yet: say so, not "unknown type"."""
+    if Path(path).is_dir():
+        raise UserError(f"input.path `{path}` is a directory; give one file (.parquet, .csv or .jsonl): "
+                        "inputs of several files are not supported yet")
+
+
 def detect_format(path: str) -> str:
     """Infer the input format from the extension, looking through a trailing .gz."""
+    refuse_directory(path)
     suffixes = [s.lower() for s in Path(path).suffixes]
     if suffixes and suffixes[-1] == ".gz":
         suffixes = suffixes[:-1]
@@ -156,10 +164,9 @@ def resolve_model_path(path: str) -> str:
 def check_settings(settings: Settings) -> None:
     """Checks that need the file system; each raises a one-line UserError."""
     inp, model = settings.input, settings.model
+    refuse_directory(inp.path)
     if not Path(inp.path).is_file():
         raise UserError(f"input.path `{inp.path}` does not exist (or is not a file)")
-    if inp.text_column in inp.keep_columns:
-        raise UserError(f"input.keep_columns: `{inp.text_column}` is the text column; it cannot be kept twice")
     reserved = (INDEX_COLUMN, *output_columns(model.task))
     for column in inp.keep_columns:
         if column in reserved:
@@ -170,12 +177,41 @@ def check_settings(settings: Settings) -> None:
         raise UserError(f"model.task must be one of {', '.join(TASKS)}; got {model.task!r}")
     if not (Path(model.path) / "config.json").is_file():
         raise UserError(f"model.path `{model.path}` is not a Hugging Face model directory (no config.json there)")
-    limit = model_length_limit(model.path)
-    if limit is not None and model.max_length > limit:
-        raise UserError(f"model.max_length {model.max_length} is above the model's limit of {limit} tokens; use 1..{limit}")
+    check_max_length(model)
     if model.adapter is not None and not (Path(model.adapter) / "adapter_config.json").is_file():
         raise UserError(f"model.adapter `{model.adapter}` is not a PEFT adapter directory (no adapter_config.json there)")
     check_labels(model)
+
+
+def check_max_length(model: ModelSettings) -> None:
+    """max_length leaves room for at least one text token beside the tokenizer's special tokens (a
+    shorter one fails inside the model and counts every text as cut) and is within the model's limit."""
+    limit = model_length_limit(model.path)
+    lowest = special_tokens(model.path) + 1
+    if model.max_length < lowest:
+        allowed = f"use {lowest}..{limit}" if limit else f"use at least {lowest}"
+        raise UserError(f"model.max_length {model.max_length} leaves no room for text: the tokenizer adds "
+                        f"{lowest - 1} special token(s) to every text; {allowed}")
+    if limit is not None and model.max_length > limit:
+        raise UserError(f"model.max_length {model.max_length} is above the model's limit of {limit} tokens; "
+                        f"use {lowest}..{limit}")
+
+
+def special_tokens(path: str) -> int:
+    """Special tokens the tokenizer adds to one text ([CLS] and [SEP]: 2), read from its
+    tokenizer.json's post-processor by the `tokenizers` library: tens of ms, no torch or
+    transformers import. 0 without a tokenizer.json (the shard job checks those: tokens.Encoder)."""
+    file = Path(path) / "tokenizer.json"
+    if not file.is_file():
+        return 0
+    from tokenizers import Tokenizer
+
+    try:
+        processor = Tokenizer.from_file(str(file)).post_processor
+    except Exception as error:  # tokenizers raises a bare Exception on a malformed file
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise UserError(f"model.path `{path}`: cannot read its tokenizer.json ({reason})") from None
+    return processor.num_special_tokens_to_add(False) if processor is not None else 0
 
 
 def check_labels(model: ModelSettings) -> None:

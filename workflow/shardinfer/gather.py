@@ -1,9 +1,11 @@
 """Gather: prove the shard files add up to the input, row for row, then concatenate them.
 
 The plan says what must exist. Nothing is written until every check holds: the input is
-unchanged and still has N rows, each planned shard file belongs to this plan and these settings,
-and its `index` column is exactly its planned range, in order. The output is then streamed
-row group by row group, so memory does not grow with the table.
+unchanged (size, mtime and content digest) and still has N rows, each planned shard file belongs
+to this plan and these settings, and its `index` column is exactly its planned range, in order.
+The output is then streamed row group by row group, so memory does not grow with the table, and
+each shard's values are hashed as they pass and checked against the digest its job recorded; a
+mismatch (or a page failing its checksum) aborts the write, leaving no predictions file.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -20,7 +23,9 @@ import pyarrow.parquet as pq
 
 from shardinfer.atomic import atomic_parquet_writer, write_json_atomic
 from shardinfer.config import IDENTITY_KEY, INDEX_COLUMN, STATS_KEY, InputSettings
+from shardinfer.content import CONTENT_KEY, ContentHasher
 from shardinfer.errors import ProofError
+from shardinfer.identity import digest_alongside
 from shardinfer.plan import Plan, read_plan
 from shardinfer.tables import count_rows
 
@@ -34,6 +39,7 @@ class ShardFile:
     rows: int
     schema: pa.Schema
     stats: dict
+    content: str  # the digest of its values its job recorded (shardinfer.content)
 
 
 def describe_index_fault(index: np.ndarray, start: int, end: int) -> str:
@@ -57,6 +63,20 @@ def _metadata(file: pq.ParquetFile, key: bytes) -> dict | None:
     return json.loads(raw) if raw else None
 
 
+def open_verified(path: str) -> pq.ParquetFile:
+    """A Parquet file whose pages are checked against their CRC32 as they are read (written by
+    `atomic_parquet_writer`): bit rot on disk is an error, not wrong values."""
+    return pq.ParquetFile(path, page_checksum_verification=True)
+
+
+def read_fault(error: Exception) -> str:
+    """What a failed read means, in a few words: a page failing its checksum, or anything else."""
+    first = str(error).splitlines()[0] if str(error).strip() else type(error).__name__
+    if "checksum" in first.lower():
+        return f"damaged: a page fails its checksum ({first})"
+    return f"unreadable or truncated parquet ({first})"
+
+
 def prove_shard(plan: Plan, shard: int, path: str, digest: str) -> ShardFile:
     """Check one shard file against its planned range; raise ProofError naming the fault."""
     start, end = plan.ranges[shard]
@@ -64,13 +84,14 @@ def prove_shard(plan: Plan, shard: int, path: str, digest: str) -> ShardFile:
     if not Path(path).is_file():
         raise ProofError(f"{where}: file is missing; rerun its infer job")
     try:
-        file = pq.ParquetFile(path)
+        file = open_verified(path)
         identity, stats = _metadata(file, IDENTITY_KEY), _metadata(file, STATS_KEY) or {}
+        content = _metadata(file, CONTENT_KEY) or {}
         index = None
         if identity is not None and INDEX_COLUMN in file.schema_arrow.names:
             index = file.read(columns=[INDEX_COLUMN]).column(0)
     except (pa.ArrowException, OSError, ValueError) as error:
-        raise ProofError(f"{where}: unreadable or truncated parquet ({str(error).splitlines()[0]})") from error
+        raise ProofError(f"{where}: {read_fault(error)}") from error
     if identity is None or index is None:
         raise ProofError(f"{where}: not a shard file of this workflow (no shard identity or `{INDEX_COLUMN}` column)")
     if identity.get("plan_id") != plan.plan_id:
@@ -84,7 +105,11 @@ def prove_shard(plan: Plan, shard: int, path: str, digest: str) -> ShardFile:
     values = index.to_numpy()
     if values.size != end - start or not np.array_equal(values, np.arange(start, end)):
         raise ProofError(f"{where}: {describe_index_fault(values, start, end)}")
-    return ShardFile(shard=shard, path=path, rows=int(values.size), schema=file.schema_arrow.remove_metadata(), stats=stats)
+    if not content.get("digest"):
+        raise ProofError(f"{where}: no digest of its values (written by an earlier version of the workflow); "
+                         "delete it and rerun")
+    return ShardFile(shard=shard, path=path, rows=int(values.size), schema=file.schema_arrow.remove_metadata(),
+                     stats=stats, content=content["digest"])
 
 
 def refuse_stray_files(shard_paths: list[str]) -> None:
@@ -101,7 +126,9 @@ def prove(plan: Plan, shard_paths: list[str], inp: InputSettings, digest: str) -
     plan.check_input_unchanged()
     if len(shard_paths) != plan.shards:
         raise ProofError(f"gather got {len(shard_paths)} shard files but the plan has {plan.shards} shards")
-    rows = count_rows(inp)
+    with digest_alongside(inp.path) as content:  # the same read as the row count, in a second thread
+        rows = count_rows(inp)
+    check_input_content(plan, content.result())
     if rows != plan.rows:
         raise ProofError(f"input `{inp.path}` now has {rows} rows, the plan {plan.rows}; rerun the plan")
     shards = [prove_shard(plan, i, path, digest) for i, path in enumerate(shard_paths)]
@@ -115,15 +142,41 @@ def prove(plan: Plan, shard_paths: list[str], inp: InputSettings, digest: str) -
     return shards
 
 
+def check_input_content(plan: Plan, now: str) -> None:
+    """Refuse an input whose bytes are not those planned, though its size and mtime are (an edit
+    with the mtime put back, or a same-sized file copied over with `cp -p`)."""
+    if now != plan.input_digest:
+        raise ProofError(f"input `{plan.input_path}` changed since planning: same size and mtime, other content "
+                         f"({plan.input_digest} -> {now}); rerun the plan (snakemake --forcerun plan)")
+
+
+def verified_row_groups(shard: ShardFile) -> Iterator[pa.Table]:
+    """The shard's row groups, each page checked against its checksum, and the values hashed as they
+    pass: after the last one, refuse the shard if they are not what its job wrote."""
+    where = f"shard {shard.shard} (`{shard.path}`)"
+    content = ContentHasher()
+    try:
+        file = open_verified(shard.path)
+        groups = range(file.num_row_groups)
+        for table in (file.read_row_group(group) for group in groups):
+            content.update(table)
+            yield table
+    except (pa.ArrowException, OSError, ValueError) as error:
+        raise ProofError(f"{where}: {read_fault(error)}") from error
+    if content.digest() != shard.content:
+        raise ProofError(f"{where}: its values are not those its job wrote (digest {content.digest()}, "
+                         f"recorded {shard.content}); delete it and rerun")
+
+
 def write_predictions(shards: list[ShardFile], plan: Plan, digest: str, path: str) -> None:
-    """Concatenate proven shards in index order, one row group at a time."""
+    """Concatenate proven shards in index order, one row group at a time. A shard whose values or
+    pages fail their check raises inside the atomic write: nothing takes the final name."""
     metadata = {IDENTITY_KEY: json.dumps({"plan_id": plan.plan_id, "digest": digest, "rows": plan.rows}).encode()}
     schema = shards[0].schema.with_metadata(metadata)
     with atomic_parquet_writer(path, schema) as writer:
         for shard in shards:
-            file = pq.ParquetFile(shard.path)
-            for group in range(file.num_row_groups):
-                writer.write_table(file.read_row_group(group).replace_schema_metadata(metadata))
+            for table in verified_row_groups(shard):
+                writer.write_table(table.replace_schema_metadata(metadata))
 
 
 def _total(shards: list[ShardFile], key: str) -> int:
@@ -197,5 +250,5 @@ def run_gather(plan_path: str, shard_paths: list[str], inp: InputSettings, model
     write_predictions(shards, plan, digest, predictions)
     report = summarize(plan, shards, inp, model)
     write_json_atomic(summary, report)
-    log.info("wrote %s and %s", predictions, summary)
+    log.info("wrote %s and %s; every shard's values match the digest its job recorded", predictions, summary)
     return report

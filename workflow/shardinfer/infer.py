@@ -25,6 +25,7 @@ import torch
 from shardinfer.atomic import atomic_parquet_writer
 from shardinfer.batching import length_sorted_batches, pad_batch, padded_tokens
 from shardinfer.config import IDENTITY_KEY, INDEX_COLUMN, STATS_KEY, BatchSettings, Settings
+from shardinfer.content import ContentHasher
 from shardinfer.errors import UserError
 from shardinfer.lease import Lease, acquire_device, default_wait_s
 from shardinfer.models import choose_device, choose_dtype, load_model, load_tokenizer, settle_pad_token
@@ -194,9 +195,10 @@ def shard_schema(task, keep_schema: pa.Schema, identity: dict) -> pa.Schema:
 
 
 def keep_schema_of(settings: Settings) -> pa.Schema:
-    """The keep columns' types, read from the input's own schema."""
+    """The keep columns' types, read from the input's own schema: the fields after the text column
+    (by position, as the text column may be kept too and then appears twice)."""
     first = next(iter(iter_input(settings.input)))
-    return pa.schema([first.schema.field(c) for c in settings.input.keep_columns])
+    return pa.schema(list(first.schema)[1:])
 
 
 @dataclass
@@ -250,7 +252,7 @@ def tokenized(job: ShardJob, plan: Plan, encoder: Encoder, pipeline: Pipeline):
     if job.tokens is None:
         def tokenize(item):
             first, table = item
-            return tokenize_window(encoder, first, table, null_as_empty), table.drop_columns([table.column_names[0]])
+            return tokenize_window(encoder, first, table, null_as_empty), table.remove_column(0)  # keep columns
 
         return pipeline.map("tokenize", tokenize, read)
     size = job.settings.batch.sort_window
@@ -262,7 +264,7 @@ def tokenized(job: ShardJob, plan: Plan, encoder: Encoder, pipeline: Pipeline):
         if tokens is None or tokens.first != first or len(tokens.ids) != table.num_rows:
             raise UserError(f"token file `{job.tokens}` does not line up with the input at row {first}; "
                             "delete it and rerun")
-        return tokens, table.drop_columns([table.column_names[0]])
+        return tokens, table.remove_column(0)  # by position: a kept text column has the same name
 
     return pipeline.map("read tokens", pair, read)
 
@@ -274,6 +276,7 @@ def write_shard(job: ShardJob, plan: Plan, runtime: Runtime, began: float) -> di
     loop in this thread, and writing in another worker; each hands on through a bounded queue.
     The stats carry each stage's busy seconds and the job's wall-clock span (from `began`, the
     epoch time the job started, to the file complete), so gather can time the run end to end.
+    Each table written is hashed too: gather checks its values against that digest (`content`).
     """
     settings, task = job.settings, runtime.task
     start, end = plan.ranges[job.shard]
@@ -281,12 +284,15 @@ def write_shard(job: ShardJob, plan: Plan, runtime: Runtime, began: float) -> di
                 "digest": job.digest, "task": settings.model.task}
     schema = shard_schema(task, keep_schema_of(settings), identity)
     counters, started, progress = Counters(), time.perf_counter(), Progress(end - start)
+    content = ContentHasher()  # every column the file holds, as written
 
     with atomic_parquet_writer(job.output, schema) as writer, torch.inference_mode(), Pipeline() as pipeline:
         def write(item):
             first, keep, results = item
             index = pa.array(np.arange(first, first + keep.num_rows, dtype=np.int64))
-            writer.write_table(pa.Table.from_arrays([index, *keep.columns, *task.to_arrow(results)], schema=schema))
+            table = pa.Table.from_arrays([index, *keep.columns, *task.to_arrow(results)], schema=schema)
+            writer.write_table(table)
+            content.update(table)
             counters.rows += keep.num_rows
             progress.advance(keep.num_rows)
 
@@ -302,7 +308,7 @@ def write_shard(job: ShardJob, plan: Plan, runtime: Runtime, began: float) -> di
         stats["bound_by"] = pipeline.bottleneck().name
         stats["stages"] = pipeline.busy_seconds()
         stats["started"], stats["ended"] = round(began, 3), round(time.time(), 3)
-        writer.add_key_value_metadata({STATS_KEY: json.dumps(stats)})
+        writer.add_key_value_metadata({STATS_KEY: json.dumps(stats), **content.metadata()})
     return stats
 
 

@@ -1,7 +1,8 @@
-"""The plan: contiguous row ranges covering the input exactly, and the input's fingerprint.
+"""The plan: contiguous row ranges covering the input exactly, and the input's identity.
 
 The plan file is the contract that gather proves the shard files against. Planning never
-imports torch and reads the input once, streaming.
+imports torch and reads the input once, streaming, with its content digest computed alongside
+(`shardinfer.identity`).
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ import numpy as np
 from shardinfer.atomic import write_json_atomic
 from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
+from shardinfer.identity import digest_alongside
 from shardinfer.tables import scan_input
 
 log = logging.getLogger(__name__)
-PLAN_VERSION = 2
+PLAN_VERSION = 3  # 3: the input's content digest
 
 
 CHARS_PER_TOKEN = 4
@@ -71,6 +73,7 @@ class Plan:
     plan_id: str
     input_path: str
     input_fingerprint: dict
+    input_digest: str  # `sha256:<hex>` of the input's bytes when it was planned (shardinfer.identity)
     rows: int
     ranges: tuple[tuple[int, int], ...]
     costs: tuple[int, ...]  # estimated tokens per shard (COST_ESTIMATE)
@@ -95,7 +98,11 @@ def make_plan(inp: InputSettings, shards: int, max_length: int) -> Plan:
     """Scan the input and cut it into `shards` ranges of about equal estimated cost; an empty or
     unusable input is refused."""
     stamp = fingerprint(inp.path)
-    scan = scan_input(inp)
+    with digest_alongside(inp.path) as digest:
+        scan = scan_input(inp)
+    content = digest.result()
+    if fingerprint(inp.path) != stamp:
+        raise UserError(f"input `{inp.path}` changed while it was being planned; rerun the plan once it is complete")
     if scan.rows == 0:
         raise UserError(f"input `{inp.path}` has no rows; there is nothing to run")
     if scan.null_texts and inp.null_text == "error":
@@ -107,10 +114,11 @@ def make_plan(inp: InputSettings, shards: int, max_length: int) -> Plan:
     row_costs = estimated_tokens(scan.chars, max_length)
     ranges = tuple(balanced_ranges(row_costs, shards))
     costs = tuple(int(row_costs[s:e].sum()) for s, e in ranges)
-    body = {"input_path": inp.path, "input_fingerprint": stamp, "rows": scan.rows, "ranges": ranges}
+    body = {"input_path": inp.path, "input_fingerprint": stamp, "input_digest": content, "rows": scan.rows,
+            "ranges": ranges}
     plan_id = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
-    return Plan(plan_id=plan_id, input_path=inp.path, input_fingerprint=stamp, rows=scan.rows, ranges=ranges,
-                costs=costs)
+    return Plan(plan_id=plan_id, input_path=inp.path, input_fingerprint=stamp, input_digest=content, rows=scan.rows,
+                ranges=ranges, costs=costs)
 
 
 def write_plan(plan: Plan, path: str) -> None:
@@ -119,7 +127,7 @@ def write_plan(plan: Plan, path: str) -> None:
         {
             "version": PLAN_VERSION,
             "plan_id": plan.plan_id,
-            "input": {"path": plan.input_path, **plan.input_fingerprint},
+            "input": {"path": plan.input_path, **plan.input_fingerprint, "digest": plan.input_digest},
             "rows": plan.rows,
             "cost": {"estimate": COST_ESTIMATE, "total": sum(plan.costs)},
             "shards": [{"shard": i, "start": s, "end": e, "rows": e - s, "cost": c}
@@ -137,6 +145,7 @@ def read_plan(path: str) -> Plan:
         plan_id=data["plan_id"],
         input_path=data["input"]["path"],
         input_fingerprint={"size": data["input"]["size"], "mtime_ns": data["input"]["mtime_ns"]},
+        input_digest=data["input"]["digest"],
         rows=data["rows"],
         ranges=tuple((s["start"], s["end"]) for s in shards),
         costs=tuple(s["cost"] for s in shards),

@@ -6,6 +6,10 @@ output. Every reader yields only the requested columns and never holds the whole
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import os
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
@@ -45,8 +49,101 @@ def _csv_batches(path: str, columns: list[str]) -> Iterator[pa.RecordBatch]:
     yield from reader
 
 
-def _jsonl_batches(path: str) -> Iterator[pa.RecordBatch]:
-    yield from pajson.open_json(path, read_options=pajson.ReadOptions(block_size=BLOCK_BYTES))
+def _jsonl_blocks(path: str) -> Iterator[tuple[int, bytes]]:
+    """The file (gzip too) in blocks of whole lines, each with the file's line number of its first
+    line: Arrow's own blocks carry neither, so a row in block 3 could not be named in the file."""
+    line, carry = 1, b""
+    with pa.input_stream(path) as stream:  # decompresses by the file's extension
+        while data := stream.read(BLOCK_BYTES):
+            data = carry + data
+            cut = data.rfind(b"\n") + 1
+            block, carry = data[:cut], data[cut:]
+            if block.strip():
+                yield line, block
+            line += block.count(b"\n")
+    if carry.strip():
+        yield line, carry
+
+
+def _line_of_row(block: bytes, first_line: int, row: int) -> int:
+    """The file's line number of a block's row: Arrow skips blank lines when it counts rows."""
+    seen = -1
+    for offset, text in enumerate(block.split(b"\n")):
+        seen += bool(text.strip())
+        if seen == row:
+            return first_line + offset
+    return first_line + block.count(b"\n")
+
+
+def _parse_jsonl(path: str, first_line: int, block: bytes, schema: pa.Schema | None = None) -> pa.Table:
+    """One block as a table: all fields typed from this block alone, or exactly `schema`'s
+    (fields missing in a row are null, fields outside it ignored). Errors name the file's line."""
+    parse = pajson.ParseOptions() if schema is None else pajson.ParseOptions(
+        explicit_schema=schema, unexpected_field_behavior="ignore")
+    read = pajson.ReadOptions(block_size=len(block) + 1, use_threads=False)  # one block: rows count from its start
+    try:
+        return pajson.read_json(pa.BufferReader(block), read_options=read, parse_options=parse)
+    except pa.ArrowInvalid as error:
+        message = str(error).strip().splitlines()[0]
+        row = re.search(r"\s*in row (\d+)$", message)
+        line = _line_of_row(block, first_line, int(row.group(1))) if row else first_line
+        message = message[: row.start()] if row else message
+        raise UserError(f"input `{path}`: cannot read it as jsonl: line {line}: {message}") from error
+
+
+def _merge_fields(path: str, fields: pa.Schema, block: pa.Schema, first_line: int) -> pa.Schema:
+    """Fields seen so far and a block's, one type each (int and float give float; null gives way)."""
+    fields, block = _dates_as_text(fields, block), _dates_as_text(block, fields)
+    try:
+        return pa.unify_schemas([fields, block], promote_options="permissive")
+    except (pa.ArrowTypeError, pa.ArrowInvalid):
+        for field in block:
+            if field.name in fields.names and not _unifiable(fields.field(field.name), field):
+                raise UserError(f"input `{path}`: column `{field.name}` holds {fields.field(field.name).type} "
+                                f"before line {first_line} and {field.type} from there on; give it one type") from None
+        raise
+
+
+def _dates_as_text(fields: pa.Schema, other: pa.Schema) -> pa.Schema:
+    """Arrow types a block's strings as timestamps when all of them look like dates; where another
+    block holds other strings in that field, it is text."""
+    def text_if_mixed(field: pa.Field) -> pa.Field:
+        mixed = pa.types.is_timestamp(field.type) and field.name in other.names and pa.types.is_string(
+            other.field(field.name).type)
+        return field.with_type(pa.string()) if mixed else field
+
+    return pa.schema([text_if_mixed(field) for field in fields])
+
+
+def _unifiable(one: pa.Field, other: pa.Field) -> bool:
+    try:
+        pa.unify_schemas([pa.schema([one]), pa.schema([other])], promote_options="permissive")
+        return True
+    except (pa.ArrowTypeError, pa.ArrowInvalid):
+        return False
+
+
+@functools.lru_cache(maxsize=4)
+def _jsonl_fields_of(path: str, size: int, mtime_ns: int) -> pa.Schema:
+    fields = pa.schema([])
+    for first_line, block in _jsonl_blocks(path):
+        fields = _merge_fields(path, fields, _parse_jsonl(path, first_line, block).schema, first_line)
+    return fields
+
+
+def jsonl_fields(path: str) -> pa.Schema:
+    """Every field of a JSONL file, each typed over all its rows (optional fields may first appear
+    anywhere): one pass over the file, once per process and file version. Every reader then parses
+    with these types, so each block, range and shard gets the same columns and types."""
+    stat = os.stat(path)
+    return _jsonl_fields_of(path, stat.st_size, stat.st_mtime_ns)
+
+
+def _jsonl_batches(path: str, columns: list[str]) -> Iterator[pa.RecordBatch]:
+    fields = jsonl_fields(path)
+    schema = pa.schema([fields.field(c) for c in dict.fromkeys(columns)])
+    for first_line, block in _jsonl_blocks(path):
+        yield from _parse_jsonl(path, first_line, block, schema).to_batches()
 
 
 def _parquet_batches(path: str, columns: list[str], row_groups: list[int] | None = None) -> Iterator[pa.RecordBatch]:
@@ -54,13 +151,13 @@ def _parquet_batches(path: str, columns: list[str], row_groups: list[int] | None
 
 
 def column_names(inp: InputSettings) -> list[str]:
-    """The input's columns, read from its schema (or its first block for csv and jsonl)."""
+    """The input's columns, read from its schema (csv: its header; jsonl: every row's fields)."""
     with reading(inp.path, inp.format):
         if inp.format == "parquet":
             return pq.ParquetFile(inp.path).schema_arrow.names
         if inp.format == "csv":
             return pacsv.open_csv(inp.path, read_options=pacsv.ReadOptions(block_size=BLOCK_BYTES)).schema.names
-        return pajson.open_json(inp.path, read_options=pajson.ReadOptions(block_size=BLOCK_BYTES)).schema.names
+        return jsonl_fields(inp.path).names
 
 
 def _select(batch: pa.RecordBatch, inp: InputSettings) -> pa.RecordBatch:
@@ -77,7 +174,7 @@ def iter_input(inp: InputSettings, row_groups: list[int] | None = None) -> Itera
         elif inp.format == "csv":
             batches = _csv_batches(inp.path, columns)
         else:
-            batches = _jsonl_batches(inp.path)
+            batches = _jsonl_batches(inp.path, columns)
         for batch in batches:
             yield _select(batch, inp)
 
@@ -140,11 +237,16 @@ class InputScan:
 
 
 def _check_columns(inp: InputSettings) -> None:
+    """Each column the run reads is in the file once: a name twice (csv `id,text,id`, parquet too)
+    would be read as one of them, silently; Arrow takes the first in csv and the last in parquet."""
     names = column_names(inp)
     for column in (inp.text_column, *inp.keep_columns):
+        role = "text_column" if column == inp.text_column else "keep_columns"
         if column not in names:
-            role = "text_column" if column == inp.text_column else "keep_columns"
             raise UserError(f"input.{role}: column `{column}` is not in `{inp.path}`; its columns are: {', '.join(names)}")
+        if names.count(column) > 1:
+            raise UserError(f"input.{role}: `{inp.path}` has {names.count(column)} columns named `{column}`; "
+                            "rename them so that each name is one column")
 
 
 def _check_text_type(inp: InputSettings, text: pa.Array) -> None:
@@ -157,7 +259,7 @@ def scan_input(inp: InputSettings) -> InputScan:
     """Count the rows, measure and check every text value once, streaming; raises on anything unusable."""
     _check_columns(inp)
     rows, nulls, first_nulls, chars = 0, 0, [], []
-    for batch in iter_input(inp):
+    for batch in iter_input(dataclasses.replace(inp, keep_columns=())):  # the text is all it measures
         text = batch.column(0)
         if text.type != pa.null():
             _check_text_type(inp, text)

@@ -3,11 +3,13 @@
 The tokenize rule writes one file per shard under results/tokens/<tokenizer digest>/ holding
 each row's ids, unpadded, and whether the text was cut at max_length. Its metadata names the
 plan, range and tokenizer it was made under; a shard job reading it checks all three, so token
-ids from another plan or another tokenizer are refused rather than silently used.
+ids from another plan or another tokenizer are refused rather than silently used. Its pages carry
+checksums (`atomic_parquet_writer`), verified when it is read: ids damaged on disk are an error.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -33,6 +35,10 @@ class Encoder:
     """Tokenizes without padding; finds the texts cut at max_length."""
 
     def __init__(self, tokenizer, max_length: int) -> None:
+        special = tokenizer.num_special_tokens_to_add()  # config checks this at load where tokenizer.json is
+        if max_length <= special:
+            raise UserError(f"model.max_length {max_length} leaves no room for text: the tokenizer adds {special} "
+                            f"special token(s) to every text; use at least {special + 1}")
         self.tokenizer = tokenizer
         self.max_length = max_length
 
@@ -102,7 +108,8 @@ def run_tokenize(job: TokenizeJob) -> int:
     schema = tokens_schema(token_identity(plan, job.shard, job.tokenizer_key))
     rows, tokens, truncated, started = 0, 0, 0, time.perf_counter()
     with atomic_parquet_writer(job.output, schema) as writer:
-        for first, table in windows(iter_range(settings.input, start, end), settings.batch.sort_window):
+        text_only = dataclasses.replace(settings.input, keep_columns=())  # keep columns are the shard job's
+        for first, table in windows(iter_range(text_only, start, end), settings.batch.sort_window):
             window = tokenize_window(encoder, first, table, settings.input.null_text == "empty")
             writer.write_table(tokens_table(window, schema))
             rows, tokens = rows + len(window.ids), tokens + sum(map(len, window.ids))
@@ -116,7 +123,7 @@ def run_tokenize(job: TokenizeJob) -> int:
 def check_token_file(path: str, expected: dict) -> None:
     """Refuse a token file made for another plan, shard or tokenizer, or holding other rows."""
     try:
-        handle = pq.ParquetFile(path)
+        handle = pq.ParquetFile(path, page_checksum_verification=True)
         found = json.loads((handle.schema_arrow.metadata or {}).get(TOKENS_KEY, b"null"))
         rows = handle.metadata.num_rows
     except (OSError, pa.ArrowInvalid, ValueError) as error:
@@ -130,7 +137,7 @@ def check_token_file(path: str, expected: dict) -> None:
 
 def read_token_windows(path: str, size: int, first_size: int | None = None) -> Iterator[TokenWindow]:
     """The token file's rows in windows of `size` (the first of `first_size`), as views."""
-    handle = pq.ParquetFile(path)
+    handle = pq.ParquetFile(path, page_checksum_verification=True)  # pages written with checksums
     batches = ((int(b.column(0)[0].as_py()), b) for b in handle.iter_batches(batch_size=size) if b.num_rows)
     for first, table in windows(batches, size, first_size):
         ids = table.column("input_ids").combine_chunks()

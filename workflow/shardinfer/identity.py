@@ -1,0 +1,95 @@
+"""The input's identity: a replaced or edited input is noticed whatever its mtime says.
+
+Snakemake reruns a job when an input is *newer* than its output. `cp -p`, `rsync -a` and `tar x`
+give a replaced input an *older* mtime, so on its own Snakemake would answer "Nothing to be done"
+and keep the old table. Three layers close that gap, each as cheap as it can be:
+
+1. The plan rule's params carry the input's size and mtime (`plan_trigger`). Snakemake reruns a
+   job whose params changed, so any other size or mtime, older or newer, replans, and every shard
+   after it reruns. Read from `os.stat` when the Snakefile loads: free.
+2. The gather rule's params carry the input's ctime and inode (`gather_trigger`). A file with the
+   same size and mtime but another ctime was copied, moved, chmod-ed, or edited with its mtime put
+   back; only its content tells which. Rerunning gather (seconds) lets the content digest decide;
+   rerunning the plan would rerun every shard for a mere copy of the folder.
+3. The plan records a SHA-256 of the input's bytes (`file_digest`), computed alongside its scan;
+   gather recomputes it alongside its row count and refuses, in one line, an input whose content
+   is no longer what was planned.
+
+SHA-256 because it is the fastest strong hash here: about 1.5 GB/s with the CPU's SHA extensions,
+twice blake2b's speed in hashlib.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+DIGEST_ALGORITHM = "sha256"
+CHUNK_BYTES = 1 << 22
+
+
+def plan_trigger(path: str) -> dict:
+    """Size and mtime (ns): the plan rule's param, so that any other value (older too) replans."""
+    stat = os.stat(path)
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def gather_trigger(path: str) -> dict:
+    """ctime (ns) and inode: the gather rule's param, so that a replaced or rewritten file with the same
+    size and mtime is checked again by content (a user cannot set ctime back; a copy gets a new one)."""
+    stat = os.stat(path)
+    return {"ctime_ns": stat.st_ctime_ns, "inode": stat.st_ino}
+
+
+def _hash_file(path: str, stop: threading.Event | None = None) -> str | None:
+    """SHA-256 over the file's bytes, read in 4 MiB chunks into one reused buffer; None when `stop`
+    was set before the end."""
+    digest, buffer = hashlib.new(DIGEST_ALGORITHM), bytearray(CHUNK_BYTES)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as handle:
+        while (read := handle.readinto(buffer)) and not (stop and stop.is_set()):
+            digest.update(view[:read])
+    return None if stop and stop.is_set() else f"{DIGEST_ALGORITHM}:{digest.hexdigest()}"
+
+
+def file_digest(path: str) -> str:
+    """The input's content digest, `sha256:<hex>`: what the plan records and gather checks."""
+    return _hash_file(path)
+
+
+class Background:
+    """A digest computed in a thread while the caller reads the same file: hashlib and file reads
+    release the GIL, so on two cores it costs almost no extra wall time, and the second reader
+    finds the bytes in the page cache."""
+
+    def __init__(self, path: str) -> None:
+        self.stop, self.value, self.error = threading.Event(), None, None
+        self.thread = threading.Thread(target=self._run, args=(path,), name="input digest", daemon=True)
+        self.thread.start()
+
+    def _run(self, path: str) -> None:
+        try:
+            self.value = _hash_file(path, self.stop)
+        except OSError as error:
+            self.error = error
+
+    def result(self) -> str:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+@contextmanager
+def digest_alongside(path: str) -> Iterator[Background]:
+    """`with digest_alongside(path) as digest: scan(...)`, then `digest.result()`. If the scan fails,
+    the hashing stops at its next chunk instead of reading a large file to the end for nothing."""
+    background = Background(path)
+    try:
+        yield background
+    except BaseException:
+        background.stop.set()
+        raise
