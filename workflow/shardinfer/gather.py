@@ -219,15 +219,15 @@ def token_lengths(shards: list[ShardFile]) -> dict[str, int]:
 
 
 def summarize(plan: Plan, shards: list[ShardFile], inp: InputSettings, model: dict) -> dict:
-    real, padded = _total(shards, "real_tokens"), _total(shards, "padded_tokens")
+    run = run_facts(plan, shards, model)
     return {
         "rows": plan.rows,
         "shards": plan.shards,
         "plan_id": plan.plan_id,
         "input": inp.path,
         "model": model,
-        "truncated": sum(s.stats.get("truncated", 0) for s in shards),
-        "padding_ratio": round(padded / real, 4) if real else None,
+        "truncated": run["truncated"],
+        "padding_ratio": run["padding_ratio"],
         "per_shard": [
             {"shard": s.shard, "start": plan.ranges[s.shard][0], "end": plan.ranges[s.shard][1], "rows": s.rows,
              "estimated_tokens": plan.costs[s.shard],
@@ -236,7 +236,7 @@ def summarize(plan: Plan, shards: list[ShardFile], inp: InputSettings, model: di
                                             "ended")}}
             for s in shards
         ],
-        "run": run_facts(plan, shards, model),
+        "run": run,
         "token_lengths": token_lengths(shards),
     }
 
