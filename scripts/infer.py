@@ -17,7 +17,8 @@ job = ShardJob(
     output=snakemake.output.shard,
     digest=snakemake.params.digest,
     threads=snakemake.threads,
-    tokens=snakemake.input.tokens or None,
+    tokens=snakemake.input.get("tokens"),
     tokenizer_key=snakemake.params.tokenizer_key,
+    files=snakemake.output.get("files"),
 )
 run_job(snakemake.log[0], run_shard, job)

@@ -1,13 +1,22 @@
-"""Load check: a 1,000,000-row input through a tiny model on CPU in 64 shards, and a
-10,000-shard plan's DAG. Prints wall times, the gather step's peak memory, the proof, and the
-workflow's own overhead as a share of the wall time.
+"""Load check: bytes read by 64 shards of a 1 GB input in each format, a 1,000,000-row input
+through a tiny model on CPU in 64 shards, and a 10,000-shard plan's DAG. Prints wall times, the
+gather step's peak memory, the proof, and the workflow's own overhead as a share of the wall time.
+
+DAG: `snakemake -n` with --dag-shards shards, of the workflow and of a bare Snakefile with the same
+rules and directives but trivial values (BARE_SNAKEFILE), in turns, best of two each; the ratio is
+the workflow's own Snakemake overhead per shard job.
+
+Bytes read: the script writes one table of about --read-gb GB as CSV, JSONL and a Parquet file
+of one row group, plans each into --shards ranges and reads every range as a shard job does
+(`parts.iter_pieces` with the plan's spans), in this process, counting what it reads.
 
 Overhead is everything that is not shard work: wall time minus the shard jobs' summed time
 (Snakemake's `benchmark:` of each infer job, start-up and model load included) divided by the
 jobs that run at once (--cores 2, one thread per shard job). It holds plan, gather, the report
 items, Snakemake's scheduling and job launching, and any idle slot at the end.
 
-    .venv/bin/python scripts/load_check.py [workdir] [--rows N] [--shards K]
+    .venv/bin/python scripts/load_check.py [workdir] [--rows N] [--shards K] [--read-gb G]
+        [--dag-shards D] [--skip-run]
 
 Builds its tiny model and input under `workdir` (default /tmp/shardinfer-load); nothing is downloaded.
 """
@@ -15,12 +24,15 @@ Builds its tiny model and input under `workdir` (default /tmp/shardinfer-load); 
 import argparse
 import csv
 import json
+import resource
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "workflow"))
 
 import factory  # noqa: E402
 
@@ -41,17 +53,25 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--shards", type=int, default=64)
     parser.add_argument("--dag-shards", type=int, default=10_000, help="0 skips the DAG check")
+    parser.add_argument("--read-gb", type=float, default=1.0, help="size of the bytes-read inputs; 0 skips them")
+    parser.add_argument("--skip-run", action="store_true", help="skip the --rows workflow run")
     args = parser.parse_args()
+    if args.read_gb:
+        report_reads(args.workdir / "reads", args.read_gb, args.shards)
+    if args.dag_shards or not args.skip_run:
+        check_dag_and_run(args)
+
+
+def check_dag_and_run(args: argparse.Namespace) -> None:
     models = timed("build tiny models", factory.build_tiny_models, args.workdir / "models")
     frame = factory.input_frame(args.rows, seed=1)
     path = timed(f"write {args.rows} rows", factory.write_input, frame, args.workdir / "run" / "data" / "input.parquet")
 
     if args.dag_shards:
-        dag_config = factory.workflow_config(path, models.classifier, shards=args.dag_shards)
-        result = timed(f"snakemake -n with {args.dag_shards} shards", factory.run_workflow, args.workdir / "dag",
-                       dag_config, "-n", "-q")
-        assert result.returncode == 0, result.stderr[-2000:]
+        check_dag(args.workdir / "dag", models.classifier, args.dag_shards)
 
+    if args.skip_run:
+        return
     config = factory.workflow_config(path, models.classifier, shards=args.shards,
                                      batch={"max_tokens": 8192, "max_rows": 256, "sort_window": 16384})
     run = lambda: factory.run_workflow(args.workdir / "run", config, timeout=4 * 3600)  # noqa: E731
@@ -64,6 +84,223 @@ def main() -> None:
     gather = benchmark_of(logs / "gather.benchmark.tsv")
     print(f"gather: {float(gather['s']):.1f} s, peak RSS {float(gather['max_rss']):.0f} MB")
     report_overhead(args.workdir / "run", wall=result.wall_s, slots=2)
+
+
+# The workflow's rules with the same directives and shapes (named inputs and outputs, log, benchmark,
+# conda, threads, resources, params, script, a report item), each trivial: what Snakemake itself
+# costs per job, against which the workflow's own overhead is measured.
+BARE_SNAKEFILE = """\
+SHARDS = int(config["shards"])
+INPUT = config["input"]
+
+
+wildcard_constraints:
+    shard=r"\\d+",
+
+
+rule all:
+    input:
+        "results/predictions.parquet",
+        "results/report/run.html",
+
+
+rule plan:
+    input:
+        table=INPUT,
+    output:
+        plan="results/plan.json",
+    log:
+        "logs/plan.log",
+    benchmark:
+        "logs/plan.benchmark.tsv"
+    conda:
+        "env.yaml"
+    params:
+        shards=SHARDS,
+    script:
+        "job.py"
+
+
+rule infer:
+    input:
+        plan="results/plan.json",
+    output:
+        shard="results/shards/{shard}.parquet",
+    log:
+        "logs/infer/{shard}.log",
+    benchmark:
+        "logs/infer/{shard}.benchmark.tsv"
+    conda:
+        "env.yaml"
+    threads: 4
+    resources:
+        gpu=1,
+    params:
+        settings={"batch": {"max_rows": 16}},
+        digest="0123456789abcdef",
+    script:
+        "job.py"
+
+
+rule gather:
+    input:
+        plan="results/plan.json",
+        shards=expand("results/shards/{shard}.parquet", shard=range(SHARDS)),
+    output:
+        predictions="results/predictions.parquet",
+        summary="results/summary.json",
+    log:
+        "logs/gather.log",
+    benchmark:
+        "logs/gather.benchmark.tsv"
+    conda:
+        "env.yaml"
+    params:
+        digest="0123456789abcdef",
+    script:
+        "job.py"
+
+
+rule report_items:
+    input:
+        summary="results/summary.json",
+    output:
+        run=report("results/report/run.html", category="Run"),
+    log:
+        "logs/report.log",
+    benchmark:
+        "logs/report.benchmark.tsv"
+    localrule: True
+    conda:
+        "env.yaml"
+    script:
+        "job.py"
+"""
+
+
+def dry_run(command: list[str], workdir: Path, env: dict) -> tuple[float, float]:
+    """Wall and CPU seconds (the child's user + sys) of one `snakemake -n`."""
+    before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True)
+    wall, after = time.perf_counter() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    return wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+
+
+def check_dag(workdir: Path, model: Path, shards: int, repeats: int = 2) -> None:
+    """`snakemake -n` of the workflow and of BARE_SNAKEFILE with `shards` shards over the same input,
+    run in turns `repeats` times each (best kept: the machine may be shared); prints both and their ratio."""
+    path = factory.write_input(factory.input_frame(shards, seed=2), workdir / "data" / "input.parquet")
+    ours, env = factory.prepare_workdir(workdir / "ours", factory.workflow_config(path, model, shards=shards), "-n", "-q")
+    bare = workdir / "bare"
+    bare.mkdir(parents=True, exist_ok=True)
+    (bare / "Snakefile").write_text(BARE_SNAKEFILE)
+    (bare / "job.py").write_text("from pathlib import Path\n\nfor path in snakemake.output:\n    Path(path).touch()\n")
+    (bare / "env.yaml").write_text("channels: [conda-forge]\ndependencies: [python]\n")
+    bare_command = [*ours[:ours.index("-s") + 1], str(bare / "Snakefile"), *ours[ours.index("-s") + 2:],
+                    "--config", f"shards={shards}", f"input={path}"]
+    runs = {"workflow": [], "bare": []}
+    for _ in range(repeats):
+        runs["workflow"].append(dry_run(ours, workdir / "ours", env))
+        runs["bare"].append(dry_run(bare_command, bare, env))
+    (wall, cpu), (bare_wall, bare_cpu) = (min(runs["workflow"]), min(runs["bare"]))
+    print(f"snakemake -n with {shards} shards (best of {repeats}): workflow {wall:.1f} s wall, {cpu:.1f} s CPU; "
+          f"bare Snakefile {bare_wall:.1f} s wall, {bare_cpu:.1f} s CPU; ratio {wall / bare_wall:.2f}x wall, "
+          f"{cpu / bare_cpu:.2f}x CPU", flush=True)
+
+
+def bytes_read() -> int:
+    """Bytes this process has read through read calls, page cache included (/proc/self/io `rchar`);
+    the shard reads below run in this process, one after another, so the deltas are theirs."""
+    with open("/proc/self/io") as handle:
+        return next(int(line.split()[1]) for line in handle if line.startswith("rchar"))
+
+
+def big_table(gigabytes: float, seed: int = 0):
+    """About `gigabytes` of text in rows of 20 to 400 characters: random letters and spaces, with a
+    comma, a quote or a newline now and then, so CSV quotes some values and JSONL escapes them."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    rng = np.random.default_rng(seed)
+    alphabet = np.frombuffer((b"abcdefghijklmnopqrstuvwxyz" * 9 + b" " * 50)[:253] + b',"\n', np.uint8)  # 256
+    lengths = rng.integers(20, 400, size=int(gigabytes * 1e9 / 210))
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    chars = alphabet[rng.integers(0, 256, size=int(offsets[-1]), dtype=np.uint8)]
+    text = pa.LargeStringArray.from_buffers(len(lengths), pa.py_buffer(offsets), pa.py_buffer(chars)).cast(pa.string())
+    ids = pc.binary_join_element_wise("row-", pc.cast(pa.array(np.arange(len(lengths))), pa.string()), "")
+    return pa.table({"id": ids, "text": text})
+
+
+def write_jsonl(table, path: Path) -> None:
+    """`{"id": ..., "text": ...}` per line, escaped by Arrow's compute kernels (pandas would take minutes)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    text = table["text"]
+    for plain, escaped in (("\\", "\\\\"), ('"', '\\"'), ("\n", "\\n")):
+        text = pc.replace_substring(text, plain, escaped)
+    lines = pc.binary_join_element_wise('{"id": "', table["id"], '", "text": "', text, '"}\n', "")
+    with open(path, "wb") as handle:
+        for chunk in pc.cast(lines, pa.large_string()).chunks:  # the lines' bytes, one after another
+            offsets = np.frombuffer(chunk.buffers()[1], np.int64)[chunk.offset: chunk.offset + len(chunk) + 1]
+            handle.write(memoryview(chunk.buffers()[2])[offsets[0]: offsets[-1]])
+
+
+def write_formats(folder: Path, gigabytes: float) -> dict[str, Path]:
+    """The same table as CSV, JSONL and a Parquet file of one row group (what pandas writes)."""
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    table = big_table(gigabytes)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {fmt: folder / f"input.{fmt}" for fmt in ("csv", "jsonl", "parquet")}
+    pacsv.write_csv(table, paths["csv"])
+    write_jsonl(table, paths["jsonl"])
+    pq.write_table(table, paths["parquet"], row_group_size=table.num_rows)
+    return paths
+
+
+def read_like_the_shards(path: Path, shards: int) -> dict:
+    """Plan the file into `shards` ranges, then read each range as its shard job does (from its
+    span, or its row groups); bytes read (page cache included) and seconds, plan and shards apart."""
+    from shardinfer.parts import iter_pieces
+    from shardinfer.plan import make_plan
+    from shardinfer.tables import iter_range
+
+    settings = factory.input_settings(path, keep_columns=("id",))
+    before, started = bytes_read(), time.perf_counter()
+    plan = make_plan(settings, shards, 512)
+    figures = {"size": path.stat().st_size, "plan_bytes": bytes_read() - before,
+               "plan_s": time.perf_counter() - started, "rows": plan.rows}
+    before, started, rows = bytes_read(), time.perf_counter(), 0
+    for pieces in plan.pieces:
+        rows += sum(batch.num_rows for _, batch in iter_pieces(settings, pieces))
+    assert rows == plan.rows, (rows, plan.rows)
+    figures.update(shard_bytes=bytes_read() - before, shard_s=time.perf_counter() - started)
+    before, started = bytes_read(), time.perf_counter()
+    start, end = plan.ranges[-1]
+    # the last shard read from the start, as before spans (jsonl: with the types this process already knows;
+    # a shard job without its span also reads the whole file once more to type it)
+    sum(batch.num_rows for _, batch in iter_range(settings, start, end))
+    figures.update(unspanned_bytes=bytes_read() - before, unspanned_s=time.perf_counter() - started)
+    return figures
+
+
+def report_reads(folder: Path, gigabytes: float, shards: int) -> None:
+    paths = timed(f"write {gigabytes:g} GB as csv, jsonl and one-row-group parquet", write_formats, folder, gigabytes)
+    print(f"bytes read with {shards} shards (/proc/self/io rchar, page cache included; x = times the file's size):")
+    for fmt, path in paths.items():
+        f = read_like_the_shards(path, shards)
+        size = f["size"]
+        print(f"  {fmt:8} {size / 1e9:.2f} GB, {f['rows']} rows: "
+              f"plan {f['plan_bytes'] / size:.2f}x in {f['plan_s']:.1f} s "
+              f"(scan and digest); all {shards} shards {f['shard_bytes'] / size:.2f}x in {f['shard_s']:.1f} s; "
+              f"the last shard alone without its span {f['unspanned_bytes'] / size:.2f}x in {f['unspanned_s']:.1f} s",
+              flush=True)
+        path.unlink()
 
 
 def benchmark_of(path: Path) -> dict:

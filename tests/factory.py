@@ -108,7 +108,8 @@ def write_input(frame: pd.DataFrame, path: Path) -> Path:
 
 
 def input_settings(path: Path, **overrides):
-    from shardinfer.config import InputSettings, detect_format
+    from shardinfer.config import InputSettings
+    from shardinfer.layout import detect_format
 
     values = {"path": str(path), "format": detect_format(str(path)), "text_column": "text", "keep_columns": ("id",),
               "null_text": "error"}
@@ -199,3 +200,66 @@ def flip_a_data_page_byte(path: Path | str, column: str) -> None:
     data = bytearray(Path(path).read_bytes())
     data[first + chunk.total_compressed_size - 1] ^= 0x01
     Path(path).write_bytes(bytes(data))
+
+
+def settings_for(model, inp=None, batch=None, shards: int = 1, **extra):
+    """Settings around a ModelSettings, for loading a task directly (the input is never read)."""
+    from shardinfer.config import BatchSettings, InputSettings, Settings
+
+    inp = inp or InputSettings(path="unused.parquet", format="parquet", text_column="text", keep_columns=(),
+                               null_text="error")
+    return Settings(input=inp, model=model, batch=batch or BatchSettings(256, 16, 128), shards=shards, **extra)
+
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|> {{ message['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+CAUSAL_SPECIALS = ["<pad>", "<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
+# transformers' StopStringCriteria reads each token's text by decoding it after "abcdef", which a
+# word-level vocabulary must therefore know (subword vocabularies spell it out of pieces).
+CAUSAL_WORDS = [*WORDS, "abcdef"]
+
+
+def save_word_tokenizer(path: Path) -> None:
+    """A word-level tokenizer over WORDS that puts <s> before every text, with eos, pad and a chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate([*CAUSAL_SPECIALS, *CAUSAL_WORDS])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", vocab["<s>"])])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                        unk_token="<unk>", model_max_length=MAX_POSITIONS)
+    tokenizer.add_special_tokens({"additional_special_tokens": CAUSAL_SPECIALS[4:]})
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(path)
+
+
+def build_tiny_causal_lm(root: Path) -> Path:
+    """A tiny Llama (hidden 32, two layers) over WORDS, saved with its word-level tokenizer.
+
+    Weights are drawn with a large spread (normal(0, 0.5)) so greedy logits are far from ties, and the
+    eos row of the head copies a word's row, scaled up: eos wins wherever that word would lead
+    strongly, so some greedy rows end on eos and others run to max_new_tokens.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = root / "tiny-causal-lm"
+    config = LlamaConfig(vocab_size=len(CAUSAL_SPECIALS) + len(CAUSAL_WORDS), hidden_size=32, intermediate_size=37,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=2 * MAX_POSITIONS, pad_token_id=0, bos_token_id=2, eos_token_id=3,
+                         tie_word_embeddings=False)
+    torch.manual_seed(11)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.dim() == 2:
+                parameter.normal_(0.0, 0.5)
+        head = model.lm_head.weight
+        head[3] = 1.25 * head[len(CAUSAL_SPECIALS) + WORDS.index("dog")]
+    model.save_pretrained(path)
+    save_word_tokenizer(path)
+    return path

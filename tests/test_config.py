@@ -6,14 +6,10 @@ import os
 import pytest
 
 from factory import REPO, input_frame, workflow_config, write_input
-from shardinfer.config import (
-    check_settings,
-    detect_format,
-    output_digest,
-    resolve_model_path,
-    schema_errors,
-    settings_from_config,
-)
+from shardinfer.checks import check_settings, schema_errors
+from shardinfer.config import resolve_model_path, settings_from_config
+from shardinfer.layout import detect_format
+from shardinfer.digests import output_digest
 from shardinfer.errors import UserError
 
 DEFAULTS = {
@@ -95,7 +91,7 @@ SCHEMA = str(REPO / "workflow" / "schemas" / "config.schema.yaml")
     [
         ({"shards": 0}, r"config `shards`: 0 is less than the minimum of 1"),
         ({"shards": "4"}, r"config `shards`: '4' is not of type 'integer'"),
-        ({"model": {"path": "m", "task": "clasify"}}, r"config `model.task`: 'clasify' is not one of \['classify', 'embed'\]"),
+        ({"model": {"path": "m", "task": "clasify"}}, r"config `model.task`: 'clasify' is not one of \['classify', 'embed', 'generate', 'custom'\]"),
         ({"model": {"path": "m", "max_length": 0}}, r"config `model.max_length`: 0 is less than the minimum of 1"),
         ({"input": {"path": "x", "format": "xlsx"}}, r"config `input.format`: 'xlsx' is not one of"),
         ({"colour": "red"}, r"config `\(top level\)`: Additional properties are not allowed \('colour' was unexpected\)"),
@@ -135,12 +131,26 @@ def test_shard_job_refuses_max_length_without_room_for_text(models):
 
 
 @pytest.mark.parametrize("name,fmt", [("folder", "auto"), ("table.parquet", "auto"), ("table.parquet", "parquet")])
-def test_directory_as_input_is_named_a_directory(tmp_path, models, name, fmt):
-    """With or without a table's extension (Spark writes `table.parquet/` folders), format given or not."""
-    (tmp_path / name).mkdir()
-    with pytest.raises(UserError, match=r"input.path `.*` is a directory; give one file") as caught:
-        check_settings(settings(tmp_path, models, input={"path": str(tmp_path / name), "format": fmt}))
+def test_directory_without_table_files_is_named_a_directory(tmp_path, models, name, fmt):
+    """With or without a table's extension (Spark writes `table.parquet/` folders), format given or not;
+    markers and other files are not parts."""
+    folder = tmp_path / name
+    folder.mkdir()
+    for marker in ("_SUCCESS", ".part-00000.parquet.crc", "README.md", "part-00000"):
+        (folder / marker).write_text("not a part")
+    with pytest.raises(UserError, match=r"input.path `.*` is a directory with no table files \(.csv, .jsonl, "
+                                        r".*give a glob such as `.*part-\*` and set input.format") as caught:
+        settings(tmp_path, models, input={"path": str(folder), "format": fmt})
     assert "\n" not in str(caught.value)
+
+
+def test_a_directory_gives_its_parts_in_order(tmp_path, models):
+    folder = tmp_path / "parts"
+    for k in (2, 0, 1):
+        write_input(input_frame(3), folder / f"part-{k}.csv")
+    found = settings(tmp_path, models, input={"path": str(folder)}).input
+    assert found.format == "csv" and found.files == tuple(str(folder / f"part-{k}.csv") for k in range(3))
+    check_settings(settings(tmp_path, models, input={"path": str(folder)}))
 
 
 def test_text_column_may_be_kept(tmp_path, models):
@@ -152,7 +162,7 @@ def test_tokenizer_key_follows_the_tokenizer_not_the_weights(tmp_path, models):
     import dataclasses
     import shutil
 
-    from shardinfer.config import tokenizer_digest
+    from shardinfer.digests import tokenizer_digest
 
     base = settings(tmp_path, models)
     other = tmp_path / "other-model"
@@ -165,3 +175,50 @@ def test_tokenizer_key_follows_the_tokenizer_not_the_weights(tmp_path, models):
     vocab = other / "tokenizer.json"
     vocab.write_text(vocab.read_text().replace('"[UNK]"', '"[unk]"'))
     assert tokenizer_digest(same) != tokenizer_digest(base)
+
+
+def fake_causal_lm(tmp_path, positions=64):
+    """A folder whose config.json is all the load-time checks read."""
+    import json
+
+    folder = tmp_path / "causal"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
+                                                    "max_position_embeddings": positions}))
+    return folder
+
+
+@pytest.mark.parametrize("model,extra,message", [
+    ({"max_length": 16}, {}, r"model.max_new_tokens must be an integer >= 1 for task generate .*got None"),
+    ({"max_length": 60, "max_new_tokens": 10}, {},
+     r"model.max_length 60 \+ model.max_new_tokens 10 is above the model's limit of 64 positions; lower max_length to 54"),
+    ({"max_length": 16, "max_new_tokens": 4}, {"tokenize": {"ahead": True}}, r"tokenize.ahead is for classify and embed"),
+    ({"max_length": 16, "max_new_tokens": 4, "path": "ENCODER"}, {}, r"holds BertModel, not a causal language model"),
+])
+def test_generate_settings_are_checked_at_load(tmp_path, models, model, extra, message):
+    path = models.encoder if model.get("path") == "ENCODER" else fake_causal_lm(tmp_path)
+    config = settings(tmp_path, models, model={**model, "task": "generate", "path": str(path)}, **extra)
+    with pytest.raises(UserError, match=message) as caught:
+        check_settings(config)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("inp,model,message", [
+    ({}, {"entrypoint": "hook.py:build"}, r"input.columns is required for task custom"),
+    ({"columns": ["text"]}, {}, r"model.entrypoint is required for task custom"),
+    ({"columns": ["text"]}, {"entrypoint": "hooks/missing.py:build"}, r"file `hooks/missing.py` does not exist"),
+    ({"columns": ["text"]}, {"entrypoint": "hook.py"}, r"must be `file.py:function` or `module:function`"),
+    ({"columns": ["text"]}, {"entrypoint": "no_such_module_here:build"}, r"module `no_such_module_here` cannot be imported"),
+    ({"columns": ["text"]}, {"entrypoint": "hook.py:build", "labels": ["a"]}, r"model.labels is for the Hugging Face tasks"),
+])
+def test_custom_settings_are_checked_at_load(tmp_path, models, monkeypatch, inp, model, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "hook.py").write_text("def build(model_path, options, device): ...\n")
+    config = settings(tmp_path, models, input=inp, model={"task": "custom", "path": None, **model})
+    with pytest.raises(UserError, match=message):
+        check_settings(config)
+
+
+def test_input_columns_belong_to_custom(tmp_path, models):
+    with pytest.raises(UserError, match=r"input.columns is for task custom; task classify reads input.text_column"):
+        check_settings(settings(tmp_path, models, input={"columns": ["text"]}))

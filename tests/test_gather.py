@@ -11,11 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from factory import flip_a_data_page_byte, input_frame, input_settings, write_input
-from shardinfer.config import IDENTITY_KEY, BatchSettings, ModelSettings, Settings
+from shardinfer.config import BatchSettings, ModelSettings, Settings
 from shardinfer.errors import ProofError, UserError
 from shardinfer.gather import run_gather
 from shardinfer.infer import ShardJob, run_shard
 from shardinfer.plan import read_plan, run_plan
+from shardinfer.shardfile import IDENTITY_KEY
 
 ROWS, SHARDS, DIGEST = 40, 3, "digest-a"
 
@@ -26,7 +27,7 @@ def shards(models, tmp_path_factory):
     root = tmp_path_factory.mktemp("gather")
     inp = input_settings(write_input(input_frame(ROWS), root / "in.parquet"), keep_columns=("id", "gold"))
     model = ModelSettings(path=str(models.classifier), adapter=None, task="classify", max_length=32, dtype="auto",
-                          trust_remote_code=False, allow_pickle=False, pooling="mean", normalize=False)
+                          trust_remote_code=False, allow_pickle=False)
     settings = Settings(input=inp, model=model, batch=BatchSettings(256, 16, 128), shards=SHARDS)
     run_plan(inp, SHARDS, 32, str(root / "plan.json"))
     paths = []

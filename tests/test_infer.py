@@ -15,12 +15,16 @@ import pytest
 import torch
 
 from factory import input_frame, input_settings, write_input
-from shardinfer.config import STATS_KEY, BatchSettings, ModelSettings, Settings
+from shardinfer.config import BatchSettings, ModelSettings, Settings
+from shardinfer.device import predict_window, prepare_batches
 from shardinfer.errors import UserError
-from shardinfer.infer import Batcher, Counters, ShardJob, predict_window, run_shard
+from shardinfer.infer import ShardJob, run_shard
 from shardinfer.pipeline import Pipeline
 from shardinfer.plan import read_plan, run_plan
-from shardinfer.tokens import TokenizeJob, TokenWindow, run_tokenize
+from shardinfer.shardfile import STATS_KEY
+from shardinfer.tasks.base import LoadContext, Task, Window
+from shardinfer.tasks.text import TextTask
+from shardinfer.tokens import TokenizeJob, run_tokenize
 
 
 def test_stages_hand_on_every_item_in_order():
@@ -104,40 +108,61 @@ def test_a_slow_writer_is_named_not_the_device_that_waits_for_it():
     assert next(s for s in pipeline.stages if s.name == "device").busy_s < 0.1
 
 
-def fake_batcher(max_rows=8):
-    tokenizer = SimpleNamespace(padding_side="right", model_input_names=["input_ids", "attention_mask"])
-    return Batcher(tokenizer, pad_id=0, batch=BatchSettings(1000, max_rows, 64), pin=False)
-
-
 def test_out_of_memory_splits_the_batch_down_to_one_row():
-    class Task:
+    class Fake(Task):
         calls = []
 
-        def predict(self, inputs):
-            lengths = inputs["attention_mask"].sum(1)
-            self.calls.append(len(lengths))
-            if len(lengths) > 2 or bool((lengths == 7).any()):
+        def collate(self, window, positions):
+            return torch.from_numpy(window.costs[positions])
+
+        def predict(self, batch):
+            self.calls.append(len(batch))
+            if len(batch) > 2 or bool((batch == 7).any()):
                 raise torch.OutOfMemoryError("simulated")
-            return {"n": lengths.numpy()}
+            return {"n": batch}
 
     def run(lengths):
-        batcher = fake_batcher()
-        window = batcher.prepare(TokenWindow(100, [[1] * n for n in lengths], []), pa.table({}), Counters())
-        return predict_window(Task(), batcher, window, torch.device("cpu"))
+        task = Fake()
+        prepared = prepare_batches(task, Window(100, np.array(lengths), None), pa.table({}), BatchSettings(1000, 8, 64))
+        return predict_window(task, prepared, torch.device("cpu"))
 
     assert run([1, 2, 3, 4, 5, 6])["n"].tolist() == [1, 2, 3, 4, 5, 6]
-    assert max(Task.calls) == 6 and 1 in Task.calls
+    assert max(Fake.calls) == 6 and 1 in Fake.calls
     with pytest.raises(UserError, match=r"row 102 \(7 tokens\) does not fit in device memory even alone"):
         run([1, 1, 7])
 
 
-def test_prepared_tensors_pad_each_batch_to_its_longest_row_and_empty_rows_to_one_token():
+def test_results_of_any_shape_come_back_in_row_order():
+    """Ragged arrays and strings per row (generation, a user's model), not only fixed-width tensors."""
+    class Ragged(Task):
+        def collate(self, window, positions):
+            return positions
+
+        def predict(self, positions):
+            return {"ids": [np.arange(p) for p in positions], "text": [f"row {p}" for p in positions],
+                    "width": torch.full((len(positions), 2), float(len(positions)))}
+
+    lengths = np.array([5, 1, 4, 2, 3, 9, 1])
+    task = Ragged()
+    got = predict_window(task, prepare_batches(task, Window(0, lengths, None), pa.table({}), BatchSettings(8, 3, 64)),
+                         torch.device("cpu"))
+    assert [len(ids) for ids in got["ids"]] == list(range(7))
+    assert got["text"] == [f"row {p}" for p in range(7)]
+    assert got["width"].shape == (7, 2)
+
+
+def test_text_batches_pad_to_their_longest_row_and_empty_rows_to_one_token(shard_inputs):
+    tokenizer = SimpleNamespace(padding_side="right", model_input_names=["input_ids", "attention_mask"],
+                                num_special_tokens_to_add=lambda: 0)
+    _, settings = shard_inputs
+    task = TextTask(SimpleNamespace(model=None), tokenizer, 0, LoadContext(settings, torch.device("cpu"), torch.float32))
     ids = [[5, 6, 7], [], [8, 9], [4]]
-    window = fake_batcher(max_rows=2).prepare(TokenWindow(0, ids, []), pa.table({}), Counters())
-    for positions, inputs in window.batches:
+    window = Window(0, np.array([max(len(i), 1) for i in ids]), ids)
+    prepared = prepare_batches(task, window, pa.table({}), BatchSettings(1000, 2, 64))
+    for positions, inputs in prepared.batches:
         assert inputs["input_ids"].shape == (len(positions), max(max(len(ids[p]), 1) for p in positions))
         assert inputs["attention_mask"].sum(1).tolist() == [max(len(ids[p]), 1) for p in positions]
-    assert sorted(np.concatenate([positions for positions, _ in window.batches]).tolist()) == [0, 1, 2, 3]
+    assert sorted(np.concatenate([positions for positions, _ in prepared.batches]).tolist()) == [0, 1, 2, 3]
 
 
 ROWS = 300
@@ -151,7 +176,7 @@ def shard_inputs(models, tmp_path_factory):
     frame.loc[200, "text"] = "long " * 200  # cut at max_length
     inp = input_settings(write_input(frame, root / "in.parquet"), keep_columns=("id",))
     model = ModelSettings(path=str(models.classifier), adapter=None, task="classify", max_length=32, dtype="auto",
-                          trust_remote_code=False, allow_pickle=False, pooling="mean", normalize=False)
+                          trust_remote_code=False, allow_pickle=False)
     settings = Settings(input=inp, model=model, batch=BatchSettings(512, 32, 64), shards=2)
     run_plan(inp, 2, 32, str(root / "plan.json"))
     return root, settings
@@ -190,3 +215,14 @@ def test_token_ids_of_another_tokenizer_or_plan_are_refused(shard_inputs):
                        tokenizer_key="key-b"))
     start, end = read_plan(str(root / "plan.json")).ranges[1]
     assert pq.read_table(root / "w7.parquet").column("index").to_pylist() == list(range(start, end))
+
+
+def test_a_shard_without_keep_columns_holds_index_and_outputs_only(shard_inputs):
+    """No keep column at all (the text alone in, predictions out): every row still written."""
+    root, settings = shard_inputs
+    bare = dataclasses.replace(settings, input=dataclasses.replace(settings.input, keep_columns=()))
+    stats = run_shard(shard_job(root, bare, "bare.parquet"))
+    table = pq.read_table(root / "bare.parquet")
+    start, end = read_plan(str(root / "plan.json")).ranges[1]
+    assert table.column_names == ["index", "label", "label_id", "probs"]
+    assert table.column("index").to_pylist() == list(range(start, end)) and stats["rows"] == end - start

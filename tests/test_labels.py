@@ -6,12 +6,15 @@ import pytest
 import torch
 
 import reference
-from factory import LABELS, bert_config, build_lora_on_plain_base, input_settings, save_tokenizer, texts
-from shardinfer.config import BatchSettings, ModelSettings, Settings, check_labels, output_digest
+from factory import LABELS, bert_config, build_lora_on_plain_base, input_settings, save_tokenizer, settings_for, texts
+from shardinfer.checks import check_labels
+from shardinfer.config import BatchSettings, ModelSettings, Settings
+from shardinfer.digests import output_digest
 from shardinfer.errors import UserError
 from shardinfer.labels import label_names
-from shardinfer.models import load_model
-from shardinfer.tasks import load_task
+
+from shardinfer.tasks.base import LoadContext
+from shardinfer.tasks.classify import Classify
 
 NAMES = ("neg", "neu", "pos")
 
@@ -24,20 +27,19 @@ def plain(tmp_path_factory):
 
 def model_settings(path, adapter=None, labels=None, task="classify") -> ModelSettings:
     return ModelSettings(path=str(path), adapter=adapter and str(adapter), task=task, max_length=32, dtype="float32",
-                         trust_remote_code=False, allow_pickle=False, pooling="mean", normalize=False, labels=labels)
+                         trust_remote_code=False, allow_pickle=False, labels=labels)
 
 
 def classify(settings: ModelSettings, rows: list[str]) -> tuple[list[str], np.ndarray]:
     """The classify task's label names and probabilities for `rows`, run as one padded batch."""
     from transformers import AutoTokenizer
 
-    task_class = load_task("classify")
-    task = task_class(load_model(settings, task_class.auto_class, torch.float32, torch.device("cpu")), settings)
+    task = Classify.load(LoadContext(settings_for(settings), torch.device("cpu"), torch.float32))
     tokenizer = AutoTokenizer.from_pretrained(settings.path)
     with torch.inference_mode():
         inputs = tokenizer(rows, padding=True, truncation=True, max_length=32, return_tensors="pt")
         results = {key: value.numpy() for key, value in task.predict(dict(inputs)).items()}
-    return task.to_arrow(results)[0].to_pylist(), results["probs"]
+    return task.to_arrow(results, np.arange(len(rows)))[0].to_pylist(), results["probs"]
 
 
 def test_base_as_shipped_takes_the_adapters_head_and_matches_peft(plain):

@@ -7,22 +7,22 @@ import pyarrow as pa
 import pytest
 import torch
 
-from factory import LABELS, bert_config, save_lora
+from factory import LABELS, bert_config, save_lora, settings_for
 from shardinfer.config import ModelSettings
 from shardinfer.errors import UserError
-from shardinfer.models import load_model, load_tokenizer
-from shardinfer.tasks import load_task
+from shardinfer.models import load_tokenizer
+from shardinfer.tasks.base import LoadContext
+from shardinfer.tasks.classify import Classify
 
 
 def model_settings(path, adapter=None, **overrides) -> ModelSettings:
     values = dict(path=str(path), adapter=adapter and str(adapter), task="classify", max_length=32, dtype="float32",
-                  trust_remote_code=False, allow_pickle=False, pooling="mean", normalize=False)
+                  trust_remote_code=False, allow_pickle=False)
     return ModelSettings(**{**values, **overrides})
 
 
 def load_classifier(settings: ModelSettings):
-    task_class = load_task("classify")
-    return task_class(load_model(settings, task_class.auto_class, torch.float32, torch.device("cpu")), settings)
+    return Classify.load(LoadContext(settings_for(settings), torch.device("cpu"), torch.float32))
 
 
 def test_pickle_weights_are_refused_unless_allowed(models, tmp_path):
@@ -106,8 +106,7 @@ def test_decoder_classifier_batched_equals_unbatched(models, tmp_path, padding_s
 
     from factory import texts
     from shardinfer.config import BatchSettings
-    from shardinfer.infer import Batcher, Counters, predict_window
-    from shardinfer.tokens import Encoder, TokenWindow
+    from shardinfer.device import predict_window, prepare_batches
     from shardinfer.models import LoadedModel, settle_pad_token
 
     tokenizer = AutoTokenizer.from_pretrained(models.classifier)
@@ -116,13 +115,14 @@ def test_decoder_classifier_batched_equals_unbatched(models, tmp_path, padding_s
     config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                          num_key_value_heads=1, intermediate_size=37, num_labels=3, pad_token_id=None)
     model = Qwen2ForSequenceClassification(config).eval()
-    task = load_task("classify")(LoadedModel(model, set(), set()), model_settings(models.classifier))
     pad_id = settle_pad_token(tokenizer, model)
+    context = LoadContext(settings_for(model_settings(models.classifier)), torch.device("cpu"), torch.float32)
+    task = Classify(LoadedModel(model, set(), set()), tokenizer, pad_id, context)
     rows = texts(40, seed=4)
     with torch.inference_mode():
-        batcher = Batcher(tokenizer, pad_id, BatchSettings(256, 16, 64), pin=False)
-        window = batcher.prepare(TokenWindow(0, *Encoder(tokenizer, 32).encode(rows)), pa.table({}), Counters())
-        got = predict_window(task, batcher, window, torch.device("cpu"))
+        window = task.prepare(0, pa.table({"text": rows}))
+        got = predict_window(task, prepare_batches(task, window, pa.table({}), BatchSettings(256, 16, 64)),
+                             torch.device("cpu"))
         want = [torch.softmax(model(**tokenizer(t, truncation=True, max_length=32, return_tensors="pt")).logits[0], -1)
                 for t in rows]
     np.testing.assert_allclose(got["probs"], torch.stack(want).numpy(), atol=1e-5)

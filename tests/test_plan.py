@@ -8,8 +8,10 @@ import pytest
 
 from factory import input_frame, write_input
 from factory import input_settings as settings_for
+from shardinfer import tables
 from shardinfer.errors import UserError
-from shardinfer.plan import balanced_ranges, estimated_tokens, make_plan, read_plan, write_plan
+from shardinfer.parts import iter_pieces
+from shardinfer.plan import PLAN_VERSION, balanced_ranges, estimated_tokens, make_plan, read_plan, write_plan
 
 
 def costs_of(rows: int, seed: int) -> np.ndarray:
@@ -92,7 +94,8 @@ def test_plan_round_trips_and_records_rows_and_fingerprint(tmp_path, suffix):
     assert again == plan
     assert again.rows == 10 and len(again.costs) == 3
     check_cover(again.ranges, 10, 3)
-    assert json.loads((tmp_path / "plan.json").read_text())["input"]["size"] == os.stat(path).st_size
+    part = json.loads((tmp_path / "plan.json").read_text())["input"]["parts"][0]
+    assert part["size"] == os.stat(path).st_size and (part["path"], part["first_row"], part["rows"]) == (str(path), 0, 10)
 
 
 def test_plan_id_changes_with_the_input(tmp_path):
@@ -143,3 +146,71 @@ def test_no_empty_shard_on_random_costs(seed):
             ranges = balanced_ranges(costs, shards)
             check_cover(ranges, rows, shards)
             assert all(end > start for start, end in ranges)
+
+
+def bytes_read() -> int:
+    """Bytes this process has read through read calls (page cache too): /proc/self/io `rchar`."""
+    with open("/proc/self/io") as handle:
+        return next(int(line.split()[1]) for line in handle if line.startswith("rchar"))
+
+
+def read_shard(settings, plan, shard) -> tuple[list[str], int]:
+    """A shard's ids, read as its job reads them (from its span), and the bytes that took."""
+    before = bytes_read()
+    ids = [i for _, batch in iter_pieces(settings, plan.pieces[shard])
+           for i in batch.column("id").to_pylist()]
+    return ids, bytes_read() - before
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="counts bytes read with /proc/self/io")
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_shards_read_their_part_of_the_file_not_all_before_it(tmp_path, monkeypatch, suffix):
+    monkeypatch.setattr(tables, "BLOCK_BYTES", 16 << 10)
+    frame = input_frame(20_000)
+    path = write_input(frame, tmp_path / f"in{suffix}")
+    settings = settings_for(path)
+    plan = make_plan(settings, 16, 512)
+    write_plan(plan, tmp_path / "plan.json")
+    plan, size, total = read_plan(str(tmp_path / "plan.json")), os.path.getsize(path), 0
+    for shard, (start, end) in enumerate(plan.ranges):
+        ids, read = read_shard(settings, plan, shard)
+        assert ids == frame["id"].tolist()[start:end]
+        (piece,) = plan.pieces[shard]
+        span = piece.span
+        assert read <= (span.stop or size) - span.at.byte + 8192  # its span, the csv header, /proc/self/io
+        total += read
+    assert read_shard(settings, plan, 8)[1] < size / 8
+    assert total <= 1.2 * size, (total, size)
+
+
+def test_plan_file_records_each_shards_span_and_the_jsonl_fields_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(tables, "BLOCK_BYTES", 1024)
+    path = write_input(input_frame(500), tmp_path / "in.jsonl")
+    write_plan(make_plan(settings_for(path), 4, 32), tmp_path / "plan.json")
+    recorded = json.loads((tmp_path / "plan.json").read_text())
+    assert recorded["version"] == PLAN_VERSION == 5
+    assert recorded["input"]["jsonl_fields"]["types"] == {"id": "string", "gold": "int64", "text": "string"}
+    spans = [piece["span"] for shard in recorded["shards"] for piece in shard["pieces"]]
+    assert len(spans) == 4
+    assert spans[0] == {"row": 0, "line": 1, "byte": 0, "stop_byte": spans[1]["byte"]}
+    assert spans[-1]["stop_byte"] is None
+    lines = path.read_bytes().split(b"\n")
+    for span in spans:  # a span's byte is where its row's line begins
+        assert len(b"\n".join(lines[: span["line"] - 1])) + (span["line"] > 1) == span["byte"]
+        assert json.loads(lines[span["line"] - 1])["id"] == f"row-{span['row']}"
+    assert read_plan(str(tmp_path / "plan.json")).pieces[3][0].span.fields.names == ["id", "gold", "text"]
+
+
+def test_parquet_plan_has_no_spans(tmp_path):
+    path = write_input(input_frame(300), tmp_path / "in.parquet")
+    plan = make_plan(settings_for(path), 3, 32)
+    assert [[piece.span for piece in pieces] for pieces in plan.pieces] == [[None], [None], [None]]
+
+
+def test_a_plan_of_an_earlier_version_is_refused(tmp_path):
+    path = write_input(input_frame(10), tmp_path / "in.csv")
+    write_plan(make_plan(settings_for(path), 2, 32), tmp_path / "plan.json")
+    recorded = json.loads((tmp_path / "plan.json").read_text())
+    (tmp_path / "plan.json").write_text(json.dumps({**recorded, "version": 3}))
+    with pytest.raises(UserError, match=r"has version 3, expected 5; rerun the plan"):
+        read_plan(str(tmp_path / "plan.json"))

@@ -76,7 +76,7 @@ def test_the_report_imports_neither_torch_nor_matplotlib_until_it_draws():
 
 
 def test_gather_times_the_run_from_first_start_to_last_end():
-    plan = Plan("p1", "in.parquet", {}, "sha256:0", 300, ((0, 100), (100, 200), (200, 300)), (900, 900, 900))
+    plan = Plan("p1", "in.parquet", (), 300, ((0, 100), (100, 200), (200, 300)), (900, 900, 900), ((), (), ()))
     lengths = {"10": 60, "32": 40}
     shards = [ShardFile(i, f"{i}.parquet", 100, None, shard_stats(1.0 + i, 1000.0 + 5 * i, lengths=lengths), "sha256:0")
               for i in range(3)]
@@ -88,7 +88,7 @@ def test_gather_times_the_run_from_first_start_to_last_end():
 
 
 def test_gather_leaves_rates_out_when_a_shard_predates_the_timings():
-    plan = Plan("p1", "in.parquet", {}, "sha256:0", 100, ((0, 100),), (900,))
+    plan = Plan("p1", "in.parquet", (), 100, ((0, 100),), (900,), ((),))
     run = run_facts(plan, [ShardFile(0, "0.parquet", 100, None, {"rows": 100, "seconds": 1.0}, "sha256:0")], {})
     assert run["wall_s"] is None and run["rows_per_s"] is None and run["rows"] == 100
 

@@ -78,7 +78,7 @@ def test_windows_regroup_batches_contiguously_with_a_short_first_window(first_si
 # JSONL of any size reads as a 40-line one does: Arrow types a JSONL file from its first block
 # (tables.BLOCK_BYTES) and numbers rows within a block, so these use a file of several blocks.
 
-BIG_ROWS = 60_000  # about 11 MB: three blocks
+BIG_ROWS = 60_000  # about 11 MB: eleven blocks
 LATE_FROM = 30_000  # `source` first appears here, past the first block
 
 
@@ -196,3 +196,130 @@ def test_text_column_kept_reads_twice_in_place(tmp_path):
     batch = next(iter_range(settings_for(path, keep_columns=("id", "text")), 1, 4))[1]
     assert batch.schema.names == ["text", "id", "text"]
     assert batch.column(2).to_pylist() == batch.column(0).to_pylist() == frame["text"].tolist()[1:4]
+
+
+# Reading from the middle: the plan's scan marks where each block of rows starts (row, line,
+# byte); a shard seeks to the mark at or before its range and parses from there. Small blocks
+# (tables.BLOCK_BYTES) give many marks in a small file.
+
+AWKWARD_CSV = (
+    'id,text\r\n'
+    '0,"line one\nline two"\n'  # a quoted newline
+    '1,"say ""hi""\r\nthen, ""bye"""\r\n'  # doubled quotes, a quoted \r\n and comma
+    '2,12" pizza\n'  # a quote inside an unquoted value is a character: quotes no longer pair up
+    '3,"after it\na quoted newline"\n'
+    '4,"ab"c"d\n'  # a quote after a closing quote is a character too
+    '\n'  # a blank line is no row
+    '5,""\n'
+    '6,"\n\n\n"\n'
+    '7,plain'  # no newline at the end
+)
+
+
+def full_csv_read(path) -> list[str]:
+    import pyarrow.csv as pacsv
+
+    table = pacsv.read_csv(path, parse_options=pacsv.ParseOptions(newlines_in_values=True),
+                           convert_options=pacsv.ConvertOptions(column_types={"id": pa.string(), "text": pa.string()}))
+    return table.column("text").to_pylist()
+
+
+def rows_from_each_mark(path, settings, rows) -> None:
+    """From every mark the scan made, the rest of the file reads exactly as the full read does."""
+    scan = scan_input(settings)
+    assert scan.rows == len(rows) and scan.marks[0].row == 0 and len(scan.marks) > 1
+    for span in scan.spans([(mark.row, len(rows)) for mark in scan.marks]):
+        pieces = list(iter_range(settings, span.at.row, len(rows), span))
+        assert pieces[0][0] == span.at.row
+        assert [t for _, b in pieces for t in b.column("text").to_pylist()] == rows[span.at.row:]
+
+
+@pytest.mark.parametrize("block_bytes", range(4, 40))
+def test_csv_read_from_any_mark_equals_the_full_read(tmp_path, monkeypatch, block_bytes):
+    """Each block size puts the end of a read somewhere else: inside quoted newlines, between the
+    two halves of a \\r\\n, on a doubled quote, on the stray quotes."""
+    monkeypatch.setattr(tables, "BLOCK_BYTES", block_bytes)
+    path = tmp_path / "awkward.csv"
+    path.write_bytes(AWKWARD_CSV.encode())
+    rows = full_csv_read(path)
+    assert rows == ["line one\nline two", 'say "hi"\r\nthen, "bye"', '12" pizza', "after it\na quoted newline",
+                    'abc"d', "", "\n\n\n", "plain"]
+    rows_from_each_mark(path, settings_for(path), rows)
+
+
+def test_csv_quoted_newline_where_a_block_read_ends_stays_in_its_value(tmp_path, monkeypatch):
+    path = tmp_path / "in.csv"
+    path.write_text('id,text\n0,"line one\nline two"\n1,after\n')
+    monkeypatch.setattr(tables, "BLOCK_BYTES", len('0,"line one\n'))  # the first read ends on the quoted newline
+    scan = scan_input(settings_for(path))
+    assert scan.rows == 2 and [m.row for m in scan.marks] == [0, 1]
+    rows_from_each_mark(path, settings_for(path), ["line one\nline two", "after"])
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".jsonl.gz", ".csv.gz"])
+def test_every_range_read_from_its_span_equals_the_full_read(tmp_path, monkeypatch, suffix):
+    monkeypatch.setattr(tables, "BLOCK_BYTES", 512)
+    frame = input_frame(600)
+    frame.loc[::7, "text"] = frame["text"][::7] + '\nwith "a quoted" newline, and a comma'
+    path = tmp_path / f"in{suffix}"
+    write_input(frame, tmp_path / f"in{suffix.removesuffix('.gz')}")
+    if suffix.endswith(".gz"):
+        import gzip
+
+        path.write_bytes(gzip.compress((tmp_path / f"in{suffix.removesuffix('.gz')}").read_bytes()))
+    settings = settings_for(path)
+    scan = scan_input(settings)
+    assert scan.rows == 600 and len(scan.marks) > 20
+    ranges = [(0, 1), (1, 97), (97, 98), (250, 420), (421, 599), (599, 600), (300, 300)]
+    for (start, end), span in zip(ranges, scan.spans(ranges)):
+        assert span.at.row <= start
+        batches = [batch for _, batch in iter_range(settings, start, end, span)]
+        for column in ("text", "id"):
+            assert [v for b in batches for v in b.column(column).to_pylist()] == frame[column].tolist()[start:end]
+
+
+def test_jsonl_error_read_from_a_span_names_the_files_own_line(tmp_path, monkeypatch):
+    """The span carries the file's line number where it starts; blank lines before it count too."""
+    monkeypatch.setattr(tables, "BLOCK_BYTES", 256)
+    lines = [big_row(i) for i in range(300)]
+    lines[3:3] = ["", "  "]  # blank lines: no rows, but lines
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    settings = settings_for(path)
+    span = scan_input(settings).spans([(250, 300)])[0]
+    assert span.at.row > 100 and span.fields is not None
+    bad = lines[260].replace('"text": ', '"text"; ')  # same length: the plan's offsets still hold
+    path.write_text("\n".join([*lines[:260], bad, *lines[261:]]) + "\n")
+    with pytest.raises(UserError, match=r"cannot read it as jsonl: line 261: JSON parse error"):
+        list(iter_range(settings, 250, 300, span))
+
+
+def test_custom_task_columns_are_counted_not_measured(tmp_path):
+    path = write_input(input_frame(30), tmp_path / "in.csv")
+    scan = scan_input(settings_for(path, columns=("id", "gold"), keep_columns=()))
+    assert scan.rows == 30 and scan.null_texts == 0 and scan.chars.tolist() == [0] * 30
+    with pytest.raises(UserError, match=r"input.columns: column `title` is not in .*; its columns are: id, gold, text"):
+        scan_input(settings_for(path, columns=("id", "title")))
+
+
+def test_custom_task_columns_of_any_type_in_parquet_and_jsonl(tmp_path):
+    for suffix in (".parquet", ".jsonl"):
+        path = write_input(input_frame(30), tmp_path / f"in{suffix}")
+        scan = scan_input(settings_for(path, columns=("gold",), keep_columns=("id",)))  # gold holds integers
+        assert scan.rows == 30 and not scan.chars.any()
+
+
+def test_a_span_that_starts_after_the_range_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(tables, "BLOCK_BYTES", 64)
+    path = write_input(input_frame(50), tmp_path / "in.csv")
+    span = scan_input(settings_for(path)).spans([(40, 50)])[0]
+    with pytest.raises(ValueError, match="after the range's first row"):
+        list(iter_range(settings_for(path), span.at.row - 1, 50, span))
+
+
+def test_a_value_longer_than_many_blocks_is_read_whole(tmp_path, monkeypatch):
+    monkeypatch.setattr(tables, "BLOCK_BYTES", 16)
+    long = "x, \"y\"\n" * 500
+    path = tmp_path / "in.csv"
+    path.write_text('id,text\n0,short\n1,"' + long.replace('"', '""') + '"\n2,after\n')
+    rows_from_each_mark(path, settings_for(path), ["short", long, "after"])

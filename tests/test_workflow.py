@@ -52,6 +52,12 @@ def test_classify_rows_are_the_models_own_outputs(classify_runs, models, rows, s
     assert got["label"].tolist() == [["negative", "neutral", "positive"][i] for i in label_ids]
     np.testing.assert_allclose(np.stack(got["probs"]), probs, atol=ATOL)
     assert all(len(p) == 3 for p in got["probs"])
+    plan = json.loads((run.workdir / "results" / "plan.json").read_text())
+    empty = [s["shard"] for s in plan["shards"] if s["rows"] == 0]
+    assert len(empty) >= shards - rows
+    for shard in empty:  # written without loading the model or taking a device
+        log = (run.workdir / "logs" / "infer" / f"{shard}.log").read_text()
+        assert "without loading the model" in log and "loaded" not in log and "device:" not in log
 
 
 def test_summary_reports_every_shard(classify_runs):

@@ -26,15 +26,13 @@ def package_root() -> str:
 
 sys.path.insert(0, package_root())
 
-from shardinfer.config import (
-    check_settings,
-    output_digest,
-    schema_errors,
-    settings_from_config,
-    tokenizer_digest,
-)
+from shardinfer.checks import check_settings, schema_errors
+from shardinfer.config import settings_from_config
+from shardinfer.digests import output_digest, tokenizer_digest
 from shardinfer.errors import UserError
 from shardinfer.identity import gather_trigger, plan_trigger
+from shardinfer.shardcount import shard_count_note
+from shardinfer.tasks import may_write_files
 from shardinfer.terminal import summary_lines
 
 
@@ -47,16 +45,25 @@ def load_settings(config):
         check_settings(settings)
     except UserError as error:
         raise WorkflowError(f"ERROR: {error}") from None
+    note = shard_count_note(settings.shards)
+    if note and workflow.is_main_process:  # not again in each job of a cluster run
+        logger.warning(note)
     return settings
 
 
 SETTINGS = load_settings(config)
 DIGEST = output_digest(SETTINGS)
-# The input's identity as params of plan and gather (README, "When things go wrong"). Another
-# size or mtime, older too, replans; another ctime or inode reruns gather, which checks the
-# input's content digest.
-INPUT_VERSION = plan_trigger(SETTINGS.input.path)
-INPUT_IDENTITY = gather_trigger(SETTINGS.input.path)
+# The input's files: input.path itself, or the parts of a directory or glob, in row order.
+INPUT_FILES = list(SETTINGS.input.files)
+# The input's identity as params of plan and gather (README, "When things go wrong"). A part
+# added, removed or renamed, or another size or mtime, older too, replans; another ctime or
+# inode reruns gather, which checks each part's content digest.
+INPUT_VERSION = plan_trigger(SETTINGS.input.files)
+INPUT_IDENTITY = gather_trigger(SETTINGS.input.files)
+# The settings infer and gather jobs get as a param: without the list of parts, which they read
+# from the plan, so that thousands of parts are not stored again in every shard job's metadata.
+JOB_SETTINGS = SETTINGS.to_dict()
+JOB_SETTINGS["input"]["parts"] = []
 
 
 wildcard_constraints:
@@ -64,8 +71,17 @@ wildcard_constraints:
 
 
 SHARD_FILE = "results/shards/{shard}.parquet"
+# A task that may write a file per row (custom) gets a folder per shard, declared as the infer
+# job's output beside its table (README, "Your own model").
+FILES_DIR = "results/files/{shard}"
+SHARD_FILES_OUTPUT = (
+    {"files": directory(FILES_DIR)} if may_write_files(SETTINGS.model.task) else {}
+)
 TOKENIZER_KEY = tokenizer_digest(SETTINGS) if SETTINGS.tokenize_ahead else None
 TOKENS_FILE = f"results/tokens/{TOKENIZER_KEY}/{{shard}}.parquet"
+# The infer job's token file when tokenizing ahead: a pattern, not an input function, which
+# Snakemake would call (and inspect) once per shard job.
+TOKENS_INPUT = {"tokens": TOKENS_FILE} if SETTINGS.tokenize_ahead else {}
 
 
 def shard_files(wildcards=None):
@@ -73,9 +89,11 @@ def shard_files(wildcards=None):
     return expand(SHARD_FILE, shard=range(SETTINGS.shards))
 
 
-def token_file(wildcards):
-    """The tokenize rule's file for the shard when tokenizing ahead; nothing otherwise."""
-    return TOKENS_FILE.format(shard=wildcards.shard) if SETTINGS.tokenize_ahead else []
+def files_folders(wildcards=None):
+    """Every planned shard's files folder, when the task may write files; nothing otherwise."""
+    if not SHARD_FILES_OUTPUT:
+        return []
+    return expand(FILES_DIR, shard=range(SETTINGS.shards))
 
 
 STARTED = time.time()  # when this Snakemake run loaded the workflow

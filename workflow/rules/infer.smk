@@ -1,9 +1,11 @@
 rule infer:
     input:
+        **TOKENS_INPUT,
+        # Not the input's files: the plan stands for them (a changed input replans, and a newer
+        # plan reruns the shards), and listing every part in every shard job costs parts x shards.
         plan=rules.plan.output.plan,
-        table=SETTINGS.input.path,
-        tokens=token_file,
     output:
+        **SHARD_FILES_OUTPUT,
         shard=SHARD_FILE,
     log:
         "logs/infer/{shard}.log",
@@ -15,7 +17,7 @@ rule infer:
     resources:
         gpu=1,
     params:
-        settings=SETTINGS.to_dict(),
+        settings=JOB_SETTINGS,
         digest=DIGEST,
         tokenizer_key=TOKENIZER_KEY,
     script:

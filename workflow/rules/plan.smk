@@ -1,6 +1,6 @@
 rule plan:
     input:
-        table=SETTINGS.input.path,
+        table=INPUT_FILES,
     output:
         plan="results/plan.json",
     log:

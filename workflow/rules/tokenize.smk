@@ -1,7 +1,6 @@
 rule tokenize:
     input:
-        plan=rules.plan.output.plan,
-        table=SETTINGS.input.path,
+        plan=rules.plan.output.plan,  # stands for the input's files, as in rule infer
     output:
         tokens=TOKENS_FILE,
     log:

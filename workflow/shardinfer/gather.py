@@ -1,7 +1,7 @@
 """Gather: prove the shard files add up to the input, row for row, then concatenate them.
 
 The plan says what must exist. Nothing is written until every check holds: the input is
-unchanged (size, mtime and content digest) and still has N rows, each planned shard file belongs
+unchanged (the same parts, each of the planned size, mtime, content digest and rows), each planned shard file belongs
 to this plan and these settings, and its `index` column is exactly its planned range, in order.
 The output is then streamed row group by row group, so memory does not grow with the table, and
 each shard's values are hashed as they pass and checked against the digest its job recorded; a
@@ -22,11 +22,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardinfer.atomic import atomic_parquet_writer, write_json_atomic
-from shardinfer.config import IDENTITY_KEY, INDEX_COLUMN, STATS_KEY, InputSettings
+from shardinfer.config import InputSettings
 from shardinfer.content import CONTENT_KEY, ContentHasher
 from shardinfer.errors import ProofError
+from shardinfer.files import prove_files, refuse_unlisted
 from shardinfer.identity import digest_alongside
+from shardinfer.parts import Part, one_file
 from shardinfer.plan import Plan, read_plan
+from shardinfer.shardfile import IDENTITY_KEY, INDEX_COLUMN, STATS_KEY
 from shardinfer.tables import count_rows
 
 log = logging.getLogger(__name__)
@@ -40,6 +43,7 @@ class ShardFile:
     schema: pa.Schema
     stats: dict
     content: str  # the digest of its values its job recorded (shardinfer.content)
+    files: dict | None = None  # {"folder", "columns": {column: suffix}} when the task may write files
 
 
 def describe_index_fault(index: np.ndarray, start: int, end: int) -> str:
@@ -109,7 +113,7 @@ def prove_shard(plan: Plan, shard: int, path: str, digest: str) -> ShardFile:
         raise ProofError(f"{where}: no digest of its values (written by an earlier version of the workflow); "
                          "delete it and rerun")
     return ShardFile(shard=shard, path=path, rows=int(values.size), schema=file.schema_arrow.remove_metadata(),
-                     stats=stats, content=content["digest"])
+                     stats=stats, content=content["digest"], files=identity.get("files"))
 
 
 def refuse_stray_files(shard_paths: list[str]) -> None:
@@ -126,53 +130,76 @@ def prove(plan: Plan, shard_paths: list[str], inp: InputSettings, digest: str) -
     plan.check_input_unchanged()
     if len(shard_paths) != plan.shards:
         raise ProofError(f"gather got {len(shard_paths)} shard files but the plan has {plan.shards} shards")
-    with digest_alongside(inp.path) as content:  # the same read as the row count, in a second thread
-        rows = count_rows(inp)
-    check_input_content(plan, content.result())
-    if rows != plan.rows:
-        raise ProofError(f"input `{inp.path}` now has {rows} rows, the plan {plan.rows}; rerun the plan")
+    for part in plan.parts:
+        check_part(plan, part, inp)
     shards = [prove_shard(plan, i, path, digest) for i, path in enumerate(shard_paths)]
     refuse_stray_files(shard_paths)
-    for shard in shards[1:]:
-        if not shard.schema.equals(shards[0].schema):
-            raise ProofError(f"shard {shard.shard} (`{shard.path}`): columns {shard.schema} differ from shard 0's {shards[0].schema}")
+    with_rows = [s for s in shards if s.rows]  # an empty shard never loaded the task: custom columns unknown
+    for shard in with_rows[1:]:
+        if not shard.schema.equals(with_rows[0].schema):
+            raise ProofError(f"shard {shard.shard} (`{shard.path}`): columns {shard.schema} differ from shard "
+                             f"{with_rows[0].shard}'s {with_rows[0].schema}")
     total = sum(s.rows for s in shards)
-    if total != rows:
-        raise ProofError(f"shards hold {total} rows in all, the input {rows}")
+    if total != plan.rows:
+        raise ProofError(f"shards hold {total} rows in all, the input {plan.rows}")
     return shards
 
 
-def check_input_content(plan: Plan, now: str) -> None:
-    """Refuse an input whose bytes are not those planned, though its size and mtime are (an edit
-    with the mtime put back, or a same-sized file copied over with `cp -p`)."""
-    if now != plan.input_digest:
-        raise ProofError(f"input `{plan.input_path}` changed since planning: same size and mtime, other content "
-                         f"({plan.input_digest} -> {now}); rerun the plan (snakemake --forcerun plan)")
+def check_part(plan: Plan, part: Part, inp: InputSettings) -> None:
+    """Read a part once, counting its rows with its content digest alongside (a second thread):
+    refuse one whose bytes are not those planned, though its size and mtime are (an edit with the
+    mtime put back, or a same-sized file copied over with `cp -p`), or that holds other rows."""
+    with digest_alongside(part.path) as content:
+        rows = count_rows(one_file(inp, part.path), plan.fields)
+    if content.result() != part.digest:
+        raise ProofError(f"input `{part.path}` changed since planning: same size and mtime, other content "
+                         f"({part.digest} -> {content.result()}); rerun the plan (snakemake --forcerun plan)")
+    if rows != part.rows:
+        raise ProofError(f"input `{part.path}` now has {rows} rows, the plan {part.rows}; rerun the plan")
 
 
 def verified_row_groups(shard: ShardFile) -> Iterator[pa.Table]:
     """The shard's row groups, each page checked against its checksum, and the values hashed as they
-    pass: after the last one, refuse the shard if they are not what its job wrote."""
+    pass: after the last one, refuse the shard if they are not what its job wrote. A shard with
+    files has each one checked against its row (name, size, SHA-256), and no other file in its folder."""
     where = f"shard {shard.shard} (`{shard.path}`)"
-    content = ContentHasher()
+    content, seen = ContentHasher(), set()
     try:
         file = open_verified(shard.path)
         groups = range(file.num_row_groups)
         for table in (file.read_row_group(group) for group in groups):
             content.update(table)
+            if shard.files:
+                seen |= _checked_files(where, table, shard.files)
             yield table
     except (pa.ArrowException, OSError, ValueError) as error:
         raise ProofError(f"{where}: {read_fault(error)}") from error
     if content.digest() != shard.content:
         raise ProofError(f"{where}: its values are not those its job wrote (digest {content.digest()}, "
                          f"recorded {shard.content}); delete it and rerun")
+    if shard.files:
+        _refuse_unlisted(where, shard.files["folder"], seen)
+
+
+def _checked_files(where: str, table: pa.Table, files: dict) -> set[str]:
+    try:
+        return prove_files(table, files["folder"], files["columns"])
+    except ProofError as error:
+        raise ProofError(f"{where}: {error}") from None
+
+
+def _refuse_unlisted(where: str, folder: str, seen: set[str]) -> None:
+    try:
+        refuse_unlisted(folder, seen)
+    except ProofError as error:
+        raise ProofError(f"{where}: {error}") from None
 
 
 def write_predictions(shards: list[ShardFile], plan: Plan, digest: str, path: str) -> None:
     """Concatenate proven shards in index order, one row group at a time. A shard whose values or
     pages fail their check raises inside the atomic write: nothing takes the final name."""
     metadata = {IDENTITY_KEY: json.dumps({"plan_id": plan.plan_id, "digest": digest, "rows": plan.rows}).encode()}
-    schema = shards[0].schema.with_metadata(metadata)
+    schema = next(s for s in shards if s.rows).schema.with_metadata(metadata)
     with atomic_parquet_writer(path, schema) as writer:
         for shard in shards:
             for table in verified_row_groups(shard):
@@ -207,7 +234,16 @@ def run_facts(plan: Plan, shards: list[ShardFile], model: dict) -> dict:
         "real_tokens_per_s": round(real / wall, 2) if wall else None,
         "real_tokens": real, "padded_tokens": padded,
         "padding_ratio": round(padded / real, 4) if real else None, "truncated": _total(shards, "truncated"),
+        **generated_facts(shards, wall),
     }
+
+
+def generated_facts(shards: list[ShardFile], wall: float | None) -> dict:
+    """Tokens generated in all (task generate), and per second over the run's wall time."""
+    generated = _total(shards, "generated_tokens")
+    if not any("generated_tokens" in s.stats for s in shards):
+        return {}
+    return {"generated_tokens": generated, "generated_tokens_per_s": round(generated / wall, 2) if wall else None}
 
 
 def token_lengths(shards: list[ShardFile]) -> dict[str, int]:

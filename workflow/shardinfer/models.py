@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from shardinfer.config import VOCABULARY_FILES, ModelSettings, is_vocabulary_file
+from shardinfer.config import ModelSettings
+from shardinfer.digests import VOCABULARY_FILES, is_vocabulary_file
 from shardinfer.errors import UserError
 from shardinfer.labels import HEAD_MODULES, base_label_names, label_names
 
@@ -94,8 +95,20 @@ class LoadedModel:
     adapter_keys: set[str]
 
 
+def load_text_model(settings: ModelSettings, auto_class: str, dtype: torch.dtype, device: torch.device):
+    """Tokenizer, model (+ adapter) and the pad id they share: what every Hugging Face text task loads."""
+    tokenizer = load_tokenizer(settings)
+    loaded = load_model(settings, auto_class, dtype, device)
+    return tokenizer, loaded, settle_pad_token(tokenizer, loaded.model)
+
+
 def load_model(settings: ModelSettings, auto_class, dtype: torch.dtype, device: torch.device) -> LoadedModel:
-    """The base model (plus adapter, merged in float32 when possible), in eval mode on `device`."""
+    """The base model (plus adapter, merged in float32 when possible), in eval mode on `device`.
+    `auto_class`: a transformers Auto class or its name."""
+    if isinstance(auto_class, str):
+        import transformers
+
+        auto_class = getattr(transformers, auto_class)
     check_weight_files(settings.path, settings.allow_pickle, "model.path")
     names = label_names(settings.path, settings.adapter, settings.labels)
     try:

@@ -1,8 +1,12 @@
 """The plan: contiguous row ranges covering the input exactly, and the input's identity.
 
 The plan file is the contract that gather proves the shard files against. Planning never
-imports torch and reads the input once, streaming, with its content digest computed alongside
-(`shardinfer.identity`).
+imports torch and reads the input once, streaming, part by part (a single file is one part;
+`shardinfer.parts`), each part's content digest computed alongside (`shardinfer.identity`). It
+records every part (path, first row, rows, size, mtime, digest) and, per shard, its pieces: the
+part rows it holds and, for CSV and JSONL, where they lie in the file (`tables.Span`: a byte
+offset to seek to, with its row and line), plus, for JSONL, the fields typed over all parts, so
+that a shard reads only its part of the input.
 """
 
 from __future__ import annotations
@@ -10,20 +14,22 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from shardinfer.atomic import write_json_atomic
 from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
-from shardinfer.identity import digest_alongside
-from shardinfer.tables import scan_input
+from shardinfer.parts import Part, PartsScan, Piece, check_same_parts, scan_parts
+from shardinfer.tables import Span, fields_from_json, fields_to_json
 
 log = logging.getLogger(__name__)
-PLAN_VERSION = 3  # 3: the input's content digest
+# 3: the input's content digest; 4: each shard's span (CSV/JSONL) and the JSONL fields;
+# 5: the input's parts (path, first row, rows, size, mtime, digest) and each shard's pieces of them
+PLAN_VERSION = 5
 
 
 CHARS_PER_TOKEN = 4
@@ -62,76 +68,76 @@ def balanced_ranges(costs: np.ndarray, shards: int) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:]))
 
 
-def fingerprint(path: str) -> dict:
-    """Size and modification time: cheap to recheck before every shard and at gather."""
-    stat = os.stat(path)
-    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-
-
 @dataclass(frozen=True)
 class Plan:
     plan_id: str
-    input_path: str
-    input_fingerprint: dict
-    input_digest: str  # `sha256:<hex>` of the input's bytes when it was planned (shardinfer.identity)
+    input_path: str  # input.path as configured: a file, a directory or a glob
+    parts: tuple[Part, ...]  # its files in row order, each with its identity when planned
     rows: int
     ranges: tuple[tuple[int, int], ...]
     costs: tuple[int, ...]  # estimated tokens per shard (COST_ESTIMATE)
+    pieces: tuple[tuple[Piece, ...], ...]  # per shard, its rows in each part it overlaps
+    fields: pa.Schema | None = None  # JSONL: every field, typed over all parts
 
     @property
     def shards(self) -> int:
         return len(self.ranges)
 
     def check_input_unchanged(self) -> None:
-        """Refuse to use a plan whose input file has changed since planning."""
-        if not Path(self.input_path).is_file():
-            raise UserError(f"input `{self.input_path}` has disappeared since planning; rerun the plan")
-        now = fingerprint(self.input_path)
-        if now != self.input_fingerprint:
-            raise UserError(
-                f"input `{self.input_path}` changed since planning (size/mtime {self.input_fingerprint} -> {now}); "
-                "rerun the plan (snakemake reruns it when the input is newer)"
-            )
+        """Refuse to use a plan whose input has changed since planning: a part added, removed or
+        renamed (the input resolved again), or one of another size or mtime."""
+        check_same_parts(self.input_path, self.parts)
+        for part in self.parts:
+            part.check_unchanged()
 
 
 def make_plan(inp: InputSettings, shards: int, max_length: int) -> Plan:
     """Scan the input and cut it into `shards` ranges of about equal estimated cost; an empty or
     unusable input is refused."""
-    stamp = fingerprint(inp.path)
-    with digest_alongside(inp.path) as digest:
-        scan = scan_input(inp)
-    content = digest.result()
-    if fingerprint(inp.path) != stamp:
-        raise UserError(f"input `{inp.path}` changed while it was being planned; rerun the plan once it is complete")
+    scan = scan_parts(inp)
+    check_rows(inp, scan)
+    row_costs = estimated_tokens(scan.chars(), max_length)
+    ranges = tuple(balanced_ranges(row_costs, shards))
+    costs = tuple(int(row_costs[s:e].sum()) for s, e in ranges)
+    body = {"input_path": inp.path, "parts": [asdict(part) for part in scan.parts], "rows": scan.rows,
+            "ranges": ranges}
+    plan_id = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+    return Plan(plan_id=plan_id, input_path=inp.path, parts=scan.parts, rows=scan.rows, ranges=ranges, costs=costs,
+                pieces=scan.pieces(list(ranges)), fields=scan.fields)
+
+
+def check_rows(inp: InputSettings, scan: PartsScan) -> None:
+    """Refuse an input without rows, or with null texts unless the config runs them as ""."""
     if scan.rows == 0:
         raise UserError(f"input `{inp.path}` has no rows; there is nothing to run")
     if scan.null_texts and inp.null_text == "error":
-        listed = ", ".join(map(str, scan.first_null_rows))
+        listed = ", ".join(map(str, scan.first_null_rows()))
         raise UserError(
             f"input.text_column `{inp.text_column}` is null in {scan.null_texts} row(s) (first: {listed}); "
             "fix the input or set input.null_text: empty"
         )
-    row_costs = estimated_tokens(scan.chars, max_length)
-    ranges = tuple(balanced_ranges(row_costs, shards))
-    costs = tuple(int(row_costs[s:e].sum()) for s, e in ranges)
-    body = {"input_path": inp.path, "input_fingerprint": stamp, "input_digest": content, "rows": scan.rows,
-            "ranges": ranges}
-    plan_id = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
-    return Plan(plan_id=plan_id, input_path=inp.path, input_fingerprint=stamp, input_digest=content, rows=scan.rows,
-                ranges=ranges, costs=costs)
 
 
 def write_plan(plan: Plan, path: str) -> None:
+    """The plan file. Each part is {path, first_row, rows, size, mtime_ns, digest}; each shard's
+    pieces are {part (its position in `input.parts`), start, end (the part's own row numbers),
+    span}. A CSV/JSONL piece's `span` is {row, line, byte, stop_byte}: parse from `byte` (where the
+    part's row `row` and line `line` begin) and stop reading at `stop_byte` (null: the end); the
+    JSONL fields are written once, under `input.jsonl_fields`."""
+    position = {part.path: k for k, part in enumerate(plan.parts)}
+    fields = {"jsonl_fields": fields_to_json(plan.fields)} if plan.fields is not None else {}
     write_json_atomic(
         path,
         {
             "version": PLAN_VERSION,
             "plan_id": plan.plan_id,
-            "input": {"path": plan.input_path, **plan.input_fingerprint, "digest": plan.input_digest},
+            "input": {"path": plan.input_path, "parts": [asdict(part) for part in plan.parts], **fields},
             "rows": plan.rows,
             "cost": {"estimate": COST_ESTIMATE, "total": sum(plan.costs)},
-            "shards": [{"shard": i, "start": s, "end": e, "rows": e - s, "cost": c}
-                       for i, ((s, e), c) in enumerate(zip(plan.ranges, plan.costs))],
+            "shards": [{"shard": i, "start": s, "end": e, "rows": e - s, "cost": c,
+                        "pieces": [{"part": position[piece.part.path], "start": piece.start, "end": piece.end,
+                                    "span": piece.span and piece.span.to_json()} for piece in pieces]}
+                       for i, ((s, e), c, pieces) in enumerate(zip(plan.ranges, plan.costs, plan.pieces))],
         },
     )
 
@@ -141,14 +147,22 @@ def read_plan(path: str) -> Plan:
     if data.get("version") != PLAN_VERSION:
         raise UserError(f"plan `{path}` has version {data.get('version')!r}, expected {PLAN_VERSION}; rerun the plan")
     shards = data["shards"]
+    fields = fields_from_json(data["input"]["jsonl_fields"]) if "jsonl_fields" in data["input"] else None
+    parts = tuple(Part(**part) for part in data["input"]["parts"])
+
+    def piece(entry: dict) -> Piece:
+        span = entry["span"] and Span.from_json(entry["span"], fields)
+        return Piece(parts[entry["part"]], entry["start"], entry["end"], span)
+
     return Plan(
         plan_id=data["plan_id"],
         input_path=data["input"]["path"],
-        input_fingerprint={"size": data["input"]["size"], "mtime_ns": data["input"]["mtime_ns"]},
-        input_digest=data["input"]["digest"],
+        parts=parts,
         rows=data["rows"],
         ranges=tuple((s["start"], s["end"]) for s in shards),
         costs=tuple(s["cost"] for s in shards),
+        pieces=tuple(tuple(piece(p) for p in s["pieces"]) for s in shards),
+        fields=fields,
     )
 
 
@@ -172,6 +186,8 @@ def run_plan(inp: InputSettings, shards: int, max_length: int, plan_path: str, s
         remove_stale_shards(shard_dir, shards)
     write_plan(plan, plan_path)
     sizes = [e - s for s, e in plan.ranges]
-    log.info("planned %d rows of %s into %d shards (rows %d..%d, estimated tokens %d..%d), plan %s",
-             plan.rows, inp.path, plan.shards, min(sizes), max(sizes), min(plan.costs), max(plan.costs), plan.plan_id)
+    parts = f" ({len(plan.parts)} parts)" if len(plan.parts) > 1 else ""
+    log.info("planned %d rows of %s%s into %d shards (rows %d..%d, estimated tokens %d..%d), plan %s",
+             plan.rows, inp.path, parts, plan.shards, min(sizes), max(sizes), min(plan.costs), max(plan.costs),
+             plan.plan_id)
     return plan

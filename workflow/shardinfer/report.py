@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 DPI = 100
 SIZE = (8.0, 4.0)  # inches: 800 x 400 pixels at DPI
-STAGES = ("read", "tokenize", "read tokens", "batch", "device", "write")  # the order a row goes through
+STAGES = ("read", "tokenize", "read tokens", "prepare", "batch", "device", "write")  # the order a row goes through
 STRAGGLER = 0.75  # a shard under this share of the median rows/s is drawn in red
 MAX_BARS = 200  # more shards than this: each series is one filled outline, not a rectangle per shard
 SHARD_COLUMNS = ["shard", "range", "rows", "real tokens", "seconds", "rows/s", "load s", "padding ratio",

@@ -17,12 +17,23 @@ def summary_lines(summary: dict, predictions: str, summary_path: str) -> list[st
     lines = [f"shardinfer: {rows:,} rows written to {predictions}, proven complete and in input order "
              f"({shards} shard{'s' if shards != 1 else ''}, index 0..{rows - 1})"]
     if run.get("rows_per_s") is not None:
-        lines.append(f"shardinfer: {run['rows_per_s']:,.1f} rows/s, {run['real_tokens_per_s']:,.0f} tokens/s over "
-                     f"{run['wall_s']:,.1f} s of shard jobs (first start to last end); padding ratio "
-                     f"{run['padding_ratio']}; {', '.join(run['devices'])}, {run['dtype']}")
+        padding = "" if run.get("task") == "custom" else f"padding ratio {run['padding_ratio']}; "
+        lines.append(f"shardinfer: {throughput(run)} over {run['wall_s']:,.1f} s of shard jobs (first start to last "
+                     f"end); {padding}{', '.join(run['devices'])}, {run['dtype']}")
     lines.extend(warnings(summary, summary_path))
     lines.append("shardinfer: figures and tables: snakemake --report report.zip")
     return lines
+
+
+def throughput(run: dict) -> str:
+    """rows/s, and for the text tasks tokens/s (and generated tokens/s)."""
+    text = f"{run['rows_per_s']:,.1f} rows/s"
+    if run.get("task") == "custom":
+        return text
+    text += f", {run['real_tokens_per_s']:,.0f} tokens/s"
+    if run.get("generated_tokens_per_s") is not None:
+        text += f", {run['generated_tokens_per_s']:,.1f} generated tokens/s"
+    return text
 
 
 def warnings(summary: dict, summary_path: str) -> Iterator[str]:

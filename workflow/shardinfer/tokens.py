@@ -15,17 +15,18 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardinfer.atomic import atomic_parquet_writer
-from shardinfer.config import INDEX_COLUMN, Settings
+from shardinfer.config import Settings
 from shardinfer.errors import UserError
+from shardinfer.parts import iter_pieces
 from shardinfer.plan import Plan, read_plan
-from shardinfer.tables import iter_range, text_values, windows
+from shardinfer.shardfile import INDEX_COLUMN
+from shardinfer.tables import text_values, windows
 
 log = logging.getLogger(__name__)
 TOKENS_KEY = b"shardinfer.tokens"  # token file metadata: plan, range and tokenizer
@@ -101,7 +102,6 @@ def run_tokenize(job: TokenizeJob) -> int:
 
     plan = read_plan(job.plan_path)
     plan.check_input_unchanged()
-    start, end = plan.ranges[job.shard]
     settings = job.settings
     os.environ.setdefault("RAYON_NUM_THREADS", str(job.threads))  # the fast tokenizer's thread pool
     encoder = Encoder(load_tokenizer(settings.model), settings.model.max_length)
@@ -109,7 +109,7 @@ def run_tokenize(job: TokenizeJob) -> int:
     rows, tokens, truncated, started = 0, 0, 0, time.perf_counter()
     with atomic_parquet_writer(job.output, schema) as writer:
         text_only = dataclasses.replace(settings.input, keep_columns=())  # keep columns are the shard job's
-        for first, table in windows(iter_range(text_only, start, end), settings.batch.sort_window):
+        for first, table in windows(iter_pieces(text_only, plan.pieces[job.shard]), settings.batch.sort_window):
             window = tokenize_window(encoder, first, table, settings.input.null_text == "empty")
             writer.write_table(tokens_table(window, schema))
             rows, tokens = rows + len(window.ids), tokens + sum(map(len, window.ids))
@@ -135,13 +135,25 @@ def check_token_file(path: str, expected: dict) -> None:
                         "delete it and rerun")
 
 
-def read_token_windows(path: str, size: int, first_size: int | None = None) -> Iterator[TokenWindow]:
-    """The token file's rows in windows of `size` (the first of `first_size`), as views."""
-    handle = pq.ParquetFile(path, page_checksum_verification=True)  # pages written with checksums
-    batches = ((int(b.column(0)[0].as_py()), b) for b in handle.iter_batches(batch_size=size) if b.num_rows)
-    for first, table in windows(batches, size, first_size):
+class TokenReader:
+    """The tokenize rule's file read in step with the input: each call takes the next rows, so the
+    token windows line up with whatever windows the shard job reads."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.batches = pq.ParquetFile(path, page_checksum_verification=True).iter_batches(batch_size=8192)
+        self.pending = pa.table({INDEX_COLUMN: pa.array([], pa.int64()), "input_ids": pa.array([], pa.list_(pa.int32())),
+                                 "truncated": pa.array([], pa.bool_())})
+
+    def take(self, first: int, rows: int) -> TokenWindow:
+        """Rows [first, first + rows) of the file; refused when the file holds other rows there."""
+        while self.pending.num_rows < rows and (batch := next(self.batches, None)) is not None:
+            self.pending = pa.concat_tables([self.pending, pa.Table.from_batches([batch]).cast(self.pending.schema)])
+        table, self.pending = self.pending.slice(0, rows), self.pending.slice(rows)
+        if table.num_rows != rows or table.column(INDEX_COLUMN)[0].as_py() != first:
+            raise UserError(f"token file `{self.path}` does not line up with the input at row {first}; "
+                            "delete it and rerun")
         ids = table.column("input_ids").combine_chunks()
         offsets, values = ids.offsets.to_numpy(), ids.values.to_numpy()
-        rows = [values[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
-        truncated = np.flatnonzero(table.column("truncated").to_numpy()).tolist()
-        yield TokenWindow(first, rows, truncated)
+        truncated = np.flatnonzero(table.column("truncated").to_numpy(zero_copy_only=False)).tolist()
+        return TokenWindow(first, [values[a:b] for a, b in zip(offsets[:-1], offsets[1:])], truncated)

@@ -1,33 +1,40 @@
-"""The tasks a shard can run, by name.
+"""The tasks a shard can run, by name: one module each (`shardinfer.tasks.base` is the interface).
 
-This module stays free of torch so that planning and config checks can name a task's output
-columns; `load_task` imports the task's own module only in the inference job. Adding a task is
-one module with a `Task` class plus one line here.
+Task modules import torch only inside their methods, so planning and the config checks can read
+a task's output columns and kind without it. A task's settings live in the config section named
+after it (`embed:`, `generate:`). Adding a task is one module plus one line here.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class TaskInfo:
-    module: str
-    columns: tuple[str, ...]
-
-
-TASKS: dict[str, TaskInfo] = {
-    "classify": TaskInfo("shardinfer.tasks.classify", ("label", "label_id", "probs")),
-    "embed": TaskInfo("shardinfer.tasks.embed", ("embedding",)),
+TASKS: dict[str, str] = {
+    "classify": "shardinfer.tasks.classify:Classify",
+    "embed": "shardinfer.tasks.embed:Embed",
+    "generate": "shardinfer.tasks.generate:Generate",
+    "custom": "shardinfer.tasks.custom:Custom",
 }
 
 
+def task_class(task: str) -> type:
+    """The task's class (its module imports no torch until the task is loaded)."""
+    module, _, name = TASKS[task].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def output_columns(task: str) -> tuple[str, ...]:
-    """The columns a task adds to each row, in output order."""
-    return TASKS[task].columns
+    """The columns a built-in task adds to each row, in output order (custom: known once its code loads)."""
+    return tuple(task_class(task).outputs)
 
 
-def load_task(task: str) -> type:
-    """The task's class (imports torch and transformers)."""
-    return importlib.import_module(TASKS[task].module).Task
+def is_text_task(task: str) -> bool:
+    """Whether the task reads `input.text_column` through a tokenizer (and can tokenize ahead)."""
+    from shardinfer.tasks.text import TextTask
+
+    return issubclass(task_class(task), TextTask)
+
+
+def may_write_files(task: str) -> bool:
+    """Whether the task's outputs may include file columns (then each shard gets a files folder)."""
+    return bool(getattr(task_class(task), "writes_files", False))

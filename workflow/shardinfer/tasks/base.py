@@ -1,15 +1,99 @@
-"""What every task provides: its model class, a check of what loaded, a batch step, its columns."""
+"""The task interface: read this first to add a task.
+
+A shard job streams its rows through four calls and knows nothing else about the task:
+
+    task = Task.load(context)                  # once per job: model, tokenizer, user code...
+    window = task.prepare(first, table)        # a window of input rows -> per-row costs (+ data)
+    batch = task.collate(window, positions)    # rows of one batch -> host-side inputs
+    results = task.predict(batch)              # -> {name: per-row values}, first axis = rows
+    columns = task.to_arrow(results, index)    # the window's results, in row order -> Arrow
+
+`prepare` and `collate` run in background workers, `predict` on the device thread, `to_arrow` in
+the writer. Batching is the runner's: rows are sorted by cost and cut under `batch.max_tokens`
+(rows x the batch's highest cost) and `batch.max_rows`, and results are put back in row order.
+A batch that runs out of device memory is halved and retried.
+
+A task owns the config section named after it (`embed:`, `generate:`), handed to it as
+`settings.task_settings`: only that section (with `model:`) enters the shard digest. Its output columns are `outputs`, one type string each
+(`shardinfer.shardfile`); that is the one place they are declared.
+
+Task modules import torch and transformers inside their methods only: planning and the config
+checks import them to read their columns and settings, and stay free of torch.
+"""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
-import torch
 
-from shardinfer.config import ModelSettings
-from shardinfer.models import LoadedModel
+from shardinfer.config import Settings
+
+
+@dataclass(frozen=True)
+class LoadContext:
+    """What a task is loaded with, once per shard job."""
+
+    settings: Settings
+    device: Any  # torch.device
+    dtype: Any  # torch.dtype
+    tokens: str | None = None  # the tokenize rule's file for this shard (text tasks, tokenize.ahead)
+
+
+@dataclass(frozen=True)
+class Window:
+    """Rows [first, first + len(costs)) ready for batching."""
+
+    first: int
+    costs: np.ndarray  # per row, what the batch budget counts (tokens for text tasks)
+    data: Any  # the task's own: token ids, a pyarrow table, ...
+    lengths: np.ndarray | None = None  # per row, what the stats count as real tokens (default: costs)
+    truncated: list[int] = field(default_factory=list)  # window positions the task had to cut
+
+    @property
+    def rows(self) -> int:
+        return len(self.costs)
+
+    @property
+    def real(self) -> np.ndarray:
+        return self.costs if self.lengths is None else self.lengths
+
+
+class Task:
+    """One kind of inference. Subclasses set `name` and `outputs` and implement the calls."""
+
+    name: ClassVar[str]  # its settings, if any, are the config section of that name
+    outputs: dict[str, str]  # output column -> type string, in output order
+    cost_unit: ClassVar[str] = "tokens"
+    prepare_stage: str = "prepare"  # the pipeline stage's name in logs and the report
+
+    @classmethod
+    def load(cls, context: LoadContext) -> Task:
+        raise NotImplementedError
+
+    def prepare(self, first: int, table: pa.Table) -> Window:
+        """A window of rows (`table`: the task's input columns) -> costs and the task's data."""
+        raise NotImplementedError
+
+    def collate(self, window: Window, positions: np.ndarray) -> Any:
+        """The inputs of one batch, built on the host ahead of the device."""
+        raise NotImplementedError
+
+    def predict(self, batch: Any) -> dict[str, Any]:
+        """Per-row results of one batch: tensors (left on the device; the runner copies them back
+        after queuing the next batch), arrays, or lists of any values (ragged ids, strings, bytes)."""
+        raise NotImplementedError
+
+    def to_arrow(self, results: dict[str, np.ndarray | list], index: np.ndarray) -> list[pa.Array]:
+        """A window's results, already in row order, as the `outputs` columns; `index` holds the
+        rows' global numbers."""
+        raise NotImplementedError
+
+    def finish(self) -> dict:
+        """Stats of the task's own for the shard's summary (e.g. generated tokens); called once."""
+        return {}
 
 
 def matrix_to_list_array(matrix: np.ndarray) -> pa.Array:
@@ -18,32 +102,3 @@ def matrix_to_list_array(matrix: np.ndarray) -> pa.Array:
     rows, width = matrix.shape
     offsets = np.arange(0, rows * width + 1, width, dtype=np.int32)
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(matrix.reshape(-1)))
-
-
-class Task:
-    """One kind of inference. The runner calls these and knows no task by name."""
-
-    auto_class: ClassVar[type]
-
-    def __init__(self, loaded: LoadedModel, settings: ModelSettings) -> None:
-        self.model = loaded.model
-        self.settings = settings
-        self.check(loaded)
-
-    def check(self, loaded: LoadedModel) -> None:
-        """Refuse a model that would give meaningless outputs for this task."""
-
-    def output_schema(self) -> pa.Schema:
-        raise NotImplementedError
-
-    def predict(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Per-row results of one batch, as tensors whose first axis is the batch's rows.
-
-        Left on the device: the runner copies them to the host only after it has queued the next
-        batch, so the device never idles while a result travels back.
-        """
-        raise NotImplementedError
-
-    def to_arrow(self, results: dict[str, np.ndarray]) -> list[pa.Array]:
-        """Rows' results (already in input order) as the task's output columns."""
-        raise NotImplementedError

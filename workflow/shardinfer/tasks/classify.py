@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import torch
-from transformers import AutoModelForSequenceClassification
 
 from shardinfer.errors import UserError
-from shardinfer.models import LoadedModel
-from shardinfer.tasks.base import Task as BaseTask
 from shardinfer.tasks.base import matrix_to_list_array
+from shardinfer.tasks.text import TextTask
 
 
-def untrained_head(loaded: LoadedModel) -> list[str]:
+def untrained_head(loaded) -> list[str]:
     """Head weights missing from the checkpoint and not supplied by the adapter either.
 
     Such weights were freshly initialised at random; predictions would be silently random.
@@ -22,21 +19,24 @@ def untrained_head(loaded: LoadedModel) -> list[str]:
     return sorted(key for key in loaded.missing_keys if key not in supplied)
 
 
-class Task(BaseTask):
-    auto_class = AutoModelForSequenceClassification
+class Classify(TextTask):
+    name = "classify"
+    auto_class = "AutoModelForSequenceClassification"
+    outputs = {"label": "string", "label_id": "int64", "probs": "list<float32>"}
 
-    def check(self, loaded: LoadedModel) -> None:
-        missing = untrained_head(loaded)
+    def check(self) -> None:
+        missing = untrained_head(self.loaded)
         if not missing:
             return
+        model = self.settings.model
         where = (
-            f"the adapter `{self.settings.adapter}` does not carry them either (train it with the classifier in "
+            f"the adapter `{model.adapter}` does not carry them either (train it with the classifier in "
             "modules_to_save, e.g. task_type=SEQ_CLS)"
-            if self.settings.adapter
+            if model.adapter
             else "it has no trained classification head"
         )
         raise UserError(
-            f"model.path `{self.settings.path}`: classifier weights {', '.join(missing)} are missing from the checkpoint "
+            f"model.path `{model.path}`: classifier weights {', '.join(missing)} are missing from the checkpoint "
             f"and {where}; predictions would be random"
         )
 
@@ -45,15 +45,14 @@ class Task(BaseTask):
         config = self.model.config
         return [str(config.id2label.get(i, i)) for i in range(config.num_labels)]
 
-    def output_schema(self) -> pa.Schema:
-        return pa.schema([("label", pa.string()), ("label_id", pa.int64()), ("probs", pa.list_(pa.float32()))])
+    def predict(self, batch: dict) -> dict:
+        import torch
 
-    def predict(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        logits = self.model(**inputs).logits.float()
+        logits = self.model(**self.on_device(batch)).logits.float()
         probs = torch.softmax(logits, dim=-1)
         return {"label_id": probs.argmax(dim=-1), "probs": probs}
 
-    def to_arrow(self, results: dict[str, np.ndarray]) -> list[pa.Array]:
+    def to_arrow(self, results: dict, index: np.ndarray) -> list[pa.Array]:
         ids = results["label_id"].astype(np.int64)
         names = np.asarray(self.labels, dtype=object)[ids]
         return [pa.array(names, type=pa.string()), pa.array(ids), matrix_to_list_array(results["probs"])]

@@ -1,0 +1,302 @@
+"""Inputs of many files: a directory or glob of parts is one table, numbered across the parts in
+sorted order; it plans and reads exactly as the same rows in one file, and gather proves it
+against the whole set of parts (one added, removed or changed after planning is caught)."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from factory import flip_a_data_page_byte, input_frame, input_settings, run_workflow, workflow_config, write_input
+from shardinfer.errors import ProofError, UserError
+from shardinfer.gather import prove
+from shardinfer.identity import gather_trigger, plan_trigger
+from shardinfer.layout import resolve_input
+from shardinfer.parts import iter_pieces
+from shardinfer.plan import make_plan, read_plan, run_plan
+from test_workflow import assert_refused, run_ok
+
+CUTS = (0, 137, 137, 640, 1000)  # uneven parts, one of them empty
+
+
+def write_parts(frame: pd.DataFrame, folder: Path, suffix: str, cuts=CUTS) -> list[Path]:
+    """The frame cut into parts `part-00000<suffix>`, ... (a `.gz` suffix compresses them)."""
+    paths = []
+    for k, (start, end) in enumerate(zip(cuts, cuts[1:])):
+        plain = suffix.removesuffix(".gz")
+        path = write_input(frame.iloc[start:end], folder / f"part-{k:05d}{plain}")
+        if suffix.endswith(".gz"):
+            path.with_name(path.name + ".gz").write_bytes(gzip.compress(path.read_bytes()))
+            path.unlink()
+            path = path.with_name(path.name + ".gz")
+        paths.append(path)
+    return paths
+
+
+def parts_settings(path: Path | str, **overrides):
+    """Input settings of a directory or glob, its parts resolved as the Snakefile resolves them."""
+    fmt, parts = resolve_input(str(path))
+    return dataclasses.replace(input_settings(Path(parts[0]), **overrides), path=str(path), format=fmt, parts=parts)
+
+
+def shard_rows(inp, plan) -> list[list[str]]:
+    return [[i for _, batch in iter_pieces(inp, pieces) for i in batch.column("id").to_pylist()]
+            for pieces in plan.pieces]
+
+
+def test_a_directory_is_its_table_files_in_order_markers_and_hidden_names_skipped(tmp_path):
+    folder = tmp_path / "export"
+    for name in ("b/part-1.parquet", "a/part-2.parquet", "part-0.parquet", "_SUCCESS", ".part-0.parquet.crc",
+                 "README.md", "_temporary/0/part-9.parquet", ".hidden/part-8.parquet"):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text("")
+    fmt, parts = resolve_input(str(folder))
+    assert fmt == "parquet"
+    assert [os.path.relpath(p, folder) for p in parts] == ["a/part-2.parquet", "b/part-1.parquet", "part-0.parquet"]
+
+
+def test_a_glob_is_its_matches_sorted_by_name(tmp_path):
+    for name in ("part-10.csv.gz", "part-02.csv", "part-01.csv", "_part-00.csv", "other.csv"):
+        (tmp_path / name).write_text("")
+    fmt, parts = resolve_input(str(tmp_path / "part-*.csv*"))
+    assert fmt == "csv" and [Path(p).name for p in parts] == ["part-01.csv", "part-02.csv", "part-10.csv.gz"]
+    assert resolve_input(str(tmp_path / "**" / "part-0*.csv"))[1] == parts[:2]
+
+
+@pytest.mark.parametrize("names, pattern, message", [
+    ((), "part-*.parquet", r"input.path `.*part-\*.parquet` matches no files \(names starting with `.` or `_`"),
+    (("_part-0.parquet",), "*part-*.parquet", r"matches no files"),
+    (("a.parquet", "b.csv"), "*", r"input.path `.*\*` mixes formats: `.*a.parquet` is parquet, `.*b.csv` is csv"),
+    (("a.parquet", "b.txt"), "*", r"input `.*b.txt`: unknown file type; allowed extensions"),
+])
+def test_a_glob_that_gives_no_one_table_is_refused_in_one_line(tmp_path, names, pattern, message):
+    for name in names:
+        (tmp_path / name).write_text("")
+    with pytest.raises(UserError, match=message) as caught:
+        resolve_input(str(tmp_path / pattern))
+    assert "\n" not in str(caught.value)
+
+
+def test_input_format_reads_parts_without_an_extension(tmp_path):
+    for k in range(2):
+        (tmp_path / f"part-{k}").write_text("")
+    parts = tuple(str(tmp_path / f"part-{k}") for k in range(2))
+    assert resolve_input(str(tmp_path / "part-*"), "csv") == ("csv", parts)
+
+
+def test_a_file_whose_name_looks_like_a_glob_is_that_file(tmp_path):
+    path = write_input(input_frame(3), tmp_path / "scores[2024].csv")
+    assert resolve_input(str(path)) == ("csv", (str(path),))
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".csv", ".jsonl", ".csv.gz", ".jsonl.gz"])
+def test_parts_plan_and_read_as_the_same_rows_in_one_file(tmp_path, suffix):
+    frame = input_frame(1000)
+    write_parts(frame, tmp_path / "parts", suffix)
+    whole = input_settings(write_input(frame, tmp_path / f"whole{suffix.removesuffix('.gz')}"))
+    inp = parts_settings(tmp_path / "parts")
+    plan, single = make_plan(inp, 4, 32), make_plan(whole, 4, 32)
+    assert (plan.rows, plan.ranges, plan.costs) == (single.rows, single.ranges, single.costs)
+    assert [(p.first_row, p.rows) for p in plan.parts] == [(0, 137), (137, 0), (137, 503), (640, 360)]
+    assert [len(pieces) for pieces in plan.pieces] == [2, 1, 2, 1]  # shards 0 and 2 span a part boundary
+    assert shard_rows(inp, plan) == shard_rows(whole, single) == [frame["id"].tolist()[s:e] for s, e in plan.ranges]
+
+
+@pytest.mark.parametrize("cuts, shards", [((0, 1, 1, 2, 9), 12), ((0, 0, 5, 5), 3), ((0, 3, 4, 9, 30), 7)])
+def test_pieces_cover_each_range_exactly_with_empty_parts_and_empty_shards(tmp_path, cuts, shards):
+    write_parts(input_frame(cuts[-1]), tmp_path / "parts", ".csv", cuts=cuts)
+    inp = parts_settings(tmp_path / "parts")
+    plan = make_plan(inp, shards, 32)
+    for (start, end), pieces in zip(plan.ranges, plan.pieces):
+        first = [piece.part.first_row for piece in pieces]
+        rows = [row for at, piece in zip(first, pieces) for row in range(at + piece.start, at + piece.end)]
+        assert rows == list(range(start, end)) and all(piece.start < piece.end for piece in pieces)
+    assert sum(map(len, shard_rows(inp, plan))) == cuts[-1]
+
+
+def test_the_plan_file_records_each_part_and_each_shards_pieces(tmp_path):
+    paths = write_parts(input_frame(1000), tmp_path / "parts", ".csv")
+    inp = parts_settings(tmp_path / "parts")
+    run_plan(inp, 4, 32, str(tmp_path / "plan.json"))
+    recorded = json.loads((tmp_path / "plan.json").read_text())
+    assert recorded["input"]["path"] == str(tmp_path / "parts")
+    part = recorded["input"]["parts"][2]
+    assert part == {"path": str(paths[2]), "first_row": 137, "rows": 503, "size": paths[2].stat().st_size,
+                    "mtime_ns": paths[2].stat().st_mtime_ns, "digest": part["digest"]}
+    first = recorded["shards"][0]
+    assert [(p["part"], p["start"], p["end"]) for p in first["pieces"]] == [(0, 0, 137), (2, 0, first["end"] - 137)]
+    assert first["pieces"][1]["span"]["row"] == 0
+    assert read_plan(str(tmp_path / "plan.json")) == make_plan(inp, 4, 32)
+
+
+def test_null_texts_are_named_by_their_row_in_the_whole_input(tmp_path):
+    frame = input_frame(1000)
+    frame.loc[[3, 700, 701], "text"] = None
+    write_parts(frame, tmp_path / "parts", ".parquet")
+    with pytest.raises(UserError, match=r"is null in 3 row\(s\) \(first: 3, 700, 701\)"):
+        make_plan(parts_settings(tmp_path / "parts"), 4, 32)
+
+
+def test_parquet_parts_must_give_a_column_one_type(tmp_path):
+    frame = input_frame(20)
+    write_input(frame.iloc[:10], tmp_path / "parts" / "a.parquet")
+    pq.write_table(pa.Table.from_pandas(frame.iloc[10:].astype({"gold": "int32"}), preserve_index=False),
+                   tmp_path / "parts" / "b.parquet")
+    inp = parts_settings(tmp_path / "parts", keep_columns=("id", "gold"))
+    with pytest.raises(UserError, match=r"input `.*b.parquet`: column `gold` holds int32, but `.*a.parquet` holds "
+                                        r"int64; every part must give a column the same type"):
+        make_plan(inp, 2, 32)
+    make_plan(dataclasses.replace(inp, keep_columns=("id",)), 2, 32)  # a column not read may differ
+
+
+def test_a_keep_column_missing_from_one_part_names_the_part(tmp_path):
+    frame = input_frame(20)
+    write_input(frame.iloc[:10], tmp_path / "parts" / "a.csv")
+    write_input(frame.iloc[10:].drop(columns="gold"), tmp_path / "parts" / "b.csv")
+    with pytest.raises(UserError, match=r"input.keep_columns: column `gold` is not in `.*b.csv`"):
+        make_plan(parts_settings(tmp_path / "parts", keep_columns=("gold",)), 2, 32)
+
+
+def test_jsonl_parts_are_typed_together(tmp_path):
+    """A field only a later part carries is null in the earlier ones; int and float give float."""
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text('{"id": "a", "text": "the cat", "score": 1}\n')
+    (folder / "b.jsonl").write_text('{"id": "b", "text": "a dog", "score": 0.5, "note": "late"}\n')
+    inp = parts_settings(folder, keep_columns=("score", "note"))
+    plan = make_plan(inp, 2, 32)
+    rows = pa.Table.from_batches([batch for pieces in plan.pieces for _, batch in iter_pieces(inp, pieces)])
+    assert rows.column("score").to_pylist() == [1.0, 0.5] and rows.column("note").to_pylist() == [None, "late"]
+    (folder / "c.jsonl").write_text('{"id": "c", "text": "a bird", "score": "high"}\n')
+    with pytest.raises(UserError, match=r"input `.*c.jsonl`: column `score` holds string here and double in the "
+                                        r"parts before it; give it one type"):
+        make_plan(parts_settings(folder, keep_columns=("score",)), 2, 32)
+
+
+@pytest.fixture
+def planned(tmp_path):
+    """A plan of three CSV parts (the proof's input checks come before any shard file is read)."""
+    paths = write_parts(input_frame(1000), tmp_path / "parts", ".csv", cuts=(0, 137, 640, 1000))
+    inp = parts_settings(tmp_path / "parts")
+    run_plan(inp, 4, 32, str(tmp_path / "plan.json"))
+    return read_plan(str(tmp_path / "plan.json")), inp, paths
+
+
+def refused(plan, inp, message):
+    with pytest.raises((UserError, ProofError), match=message) as caught:
+        prove(plan, [f"{k}.parquet" for k in range(plan.shards)], inp, "digest")
+    assert "\n" not in str(caught.value)
+
+
+def test_a_part_added_after_planning_is_refused_naming_it(planned):
+    plan, inp, paths = planned
+    shutil.copy(paths[0], paths[0].with_name("part-00000a.csv"))
+    refused(plan, inp, r"input `.*parts`: `.*part-00000a.csv` is not a part of the plan \(added or renamed since "
+                       r"planning; 1 such file\(s\)\); rerun the plan")
+
+
+def test_a_part_removed_after_planning_is_refused_naming_it(planned):
+    plan, inp, paths = planned
+    paths[1].unlink()
+    refused(plan, inp, r"input `.*part-00001.csv` has disappeared since planning; rerun the plan")
+
+
+def test_a_part_renamed_after_planning_is_refused(planned):
+    plan, inp, paths = planned
+    paths[2].rename(paths[2].with_name("part-00003.csv"))
+    refused(plan, inp, r"`.*part-00003.csv` is not a part of the plan \(added or renamed")
+
+
+def test_a_part_of_another_size_or_mtime_is_refused_naming_it(planned):
+    plan, inp, paths = planned
+    os.utime(paths[1], ns=(0, paths[1].stat().st_mtime_ns - 10**9))
+    refused(plan, inp, r"input `.*part-00001.csv` changed since planning \(size/mtime .*\); rerun the plan")
+
+
+def test_a_part_edited_with_its_size_and_mtime_kept_is_refused_by_its_digest(planned):
+    plan, inp, paths = planned
+    before = paths[2].stat()
+    text = paths[2].read_text()
+    paths[2].write_text(text.replace("row-700,", "row-799,", 1))
+    os.utime(paths[2], ns=(before.st_atime_ns, before.st_mtime_ns))
+    refused(plan, inp, r"^input `.*part-00002.csv` changed since planning: same size and mtime, other content "
+                       r"\(sha256:\w+ -> sha256:\w+\); rerun the plan")
+
+
+def test_a_damaged_parquet_part_is_caught_by_its_digest_though_its_row_count_is_metadata(tmp_path):
+    paths = write_parts(input_frame(300), tmp_path / "parts", ".parquet", cuts=(0, 100, 300))
+    inp = parts_settings(tmp_path / "parts")
+    plan = make_plan(inp, 2, 32)
+    before = paths[1].stat()
+    flip_a_data_page_byte(paths[1], "id")
+    os.utime(paths[1], ns=(before.st_atime_ns, before.st_mtime_ns))
+    refused(plan, inp, r"^input `.*part-00001.parquet` changed since planning: same size and mtime, other content")
+
+
+def test_the_triggers_follow_every_part(tmp_path):
+    """The rule params: a part added or renamed replans; a part rewritten with its size and mtime reruns gather."""
+    paths = write_parts(input_frame(100), tmp_path / "parts", ".csv", cuts=(0, 50, 100))
+    files = resolve_input(str(tmp_path / "parts"))[1]
+    plan, gather = plan_trigger(files), gather_trigger(files)
+    assert plan["parts"] == gather["parts"] == 2
+    paths[1].rename(paths[1].with_name("part-00009.csv"))
+    assert plan_trigger(resolve_input(str(tmp_path / "parts"))[1]) != plan
+    paths[1].with_name("part-00009.csv").rename(paths[1])
+    stat = paths[0].stat()
+    shutil.copy2(paths[0], tmp_path / "copy.csv")
+    os.replace(tmp_path / "copy.csv", paths[0])
+    os.utime(paths[0], ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert plan_trigger(files) == plan and gather_trigger(files) != gather
+    write_input(input_frame(3), tmp_path / "parts" / "part-00002.csv")
+    assert plan_trigger(resolve_input(str(tmp_path / "parts"))[1])["parts"] == 3
+
+
+def test_a_directory_and_a_glob_of_parts_run_as_one_table_and_gather_proves_every_part(classify_runs, models,
+                                                                                      tmp_path):
+    """Three Parquet parts of a classify run's input in a directory (uneven; a shard spans a part
+    boundary; Spark's markers beside them), and the same rows as a glob of CSV parts (one gzipped):
+    each gives the single-file run's table. Then a part edited with its size and mtime kept
+    is refused at gather, naming it, and a part added makes the next run replan."""
+    want = classify_runs(1000, 4)
+    parquet, csv = tmp_path / "parquet", tmp_path / "csv"
+    paths = write_parts(want.frame, parquet / "data" / "parts", ".parquet", cuts=(0, 137, 640, 1000))
+    for marker in ("_SUCCESS", ".part-00000.parquet.crc"):
+        (parquet / "data" / "parts" / marker).write_text("")
+    config = workflow_config("data/parts", models.classifier, shards=4)
+    assert run_ok(parquet, config).equals(want.predictions)  # bit for bit: the same ranges and batches
+    plan = json.loads((parquet / "results" / "plan.json").read_text())
+    assert [part["path"] for part in plan["input"]["parts"]] == [f"data/parts/part-0000{k}.parquet" for k in range(3)]
+    assert max(len(shard["pieces"]) for shard in plan["shards"]) == 2
+
+    for path in write_parts(want.frame, csv / "data", ".csv", cuts=(0, 137, 640, 1000))[1:2]:
+        path.with_name(path.name + ".gz").write_bytes(gzip.compress(path.read_bytes()))
+        path.unlink()
+    write_input(input_frame(5), csv / "data" / "other.csv")  # not matched
+    got = run_ok(csv, workflow_config("data/part-*.csv*", models.classifier, shards=4))
+    assert got.drop(columns="gold").equals(want.predictions.drop(columns="gold"))
+    assert got["gold"].tolist() == want.predictions["gold"].astype(str).tolist()  # csv has no types
+
+    before, original = paths[1].stat(), paths[1].read_bytes()
+    flip_a_data_page_byte(paths[1], "id")
+    os.utime(paths[1], ns=(before.st_atime_ns, before.st_mtime_ns))
+    result = run_workflow(parquet, config)
+    assert_refused(result, parquet, "input `data/parts/part-00001.parquet` changed since planning: same size and "
+                                    "mtime, other content")
+    assert "rule plan:" not in result.stderr and "rule infer:" not in result.stderr, result.stderr  # gather alone
+
+    paths[1].write_bytes(original)
+    write_input(input_frame(20, seed=5), parquet / "data" / "parts" / "part-00003.parquet")
+    result = run_workflow(parquet, config, "--until", "plan")
+    assert result.returncode == 0, result.stderr[-3000:]
+    replanned = json.loads((parquet / "results" / "plan.json").read_text())
+    assert replanned["plan_id"] != plan["plan_id"]
+    assert replanned["rows"] == 1020 and len(replanned["input"]["parts"]) == 4

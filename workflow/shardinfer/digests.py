@@ -1,0 +1,80 @@
+"""Digests of what decides a shard's contents: a change reruns the shards it affects, and gather
+refuses a shard made under other settings. Tokenizer files have their own digest, so token ids
+made ahead are kept while only the weights change."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+from shardinfer.config import Settings
+
+
+def directory_fingerprint(path: str | None) -> list:
+    """Name, size and mtime of each file directly in a model or adapter directory (or of the file
+    itself, when a custom task's model.path names one)."""
+    if path is None or not Path(path).exists():
+        return []
+    files = [Path(path)] if Path(path).is_file() else [p for p in Path(path).iterdir() if p.is_file()]
+    return sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+
+
+def entrypoint_digest(entrypoint: str | None) -> str | None:
+    """SHA-256 of a custom task's code file (a `.py` path, or the module's source file): editing the
+    hook reruns the shards."""
+    if not entrypoint:
+        return None
+    import importlib.util
+
+    source = entrypoint.rpartition(":")[0]
+    path = source if source.endswith(".py") else getattr(importlib.util.find_spec(source), "origin", None)
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path and Path(path).is_file() else None
+
+
+def output_digest(settings: Settings) -> str:
+    """A digest of everything that changes the predictions, model files included.
+
+    Stored in each shard file and passed as a rule param: a change reruns the shards, and gather
+    refuses a shard computed under other settings.
+    """
+    relevant = {
+        "input": {"text_column": settings.input.text_column, "keep_columns": settings.input.keep_columns,
+                  "null_text": settings.input.null_text, "columns": settings.input.columns},
+        "model": dataclasses.asdict(settings.model),
+        "task_settings": settings.task_settings,  # the task's own section only
+        "model_files": directory_fingerprint(settings.model.path),
+        "adapter_files": directory_fingerprint(settings.model.adapter),
+        "code": entrypoint_digest(settings.model.entrypoint),
+    }
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=list).encode()).hexdigest()[:16]
+
+
+VOCABULARY_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model",
+                    "sentencepiece.bpe.model")  # one of these (or a *.tiktoken file) means a tokenizer is there
+TOKENIZER_FILES = (*VOCABULARY_FILES, "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "merges.txt")  # every file that can change the token ids
+
+
+def is_vocabulary_file(path: Path) -> bool:
+    return path.name in VOCABULARY_FILES or path.suffix == ".tiktoken"
+
+
+def tokenizer_digest(settings: Settings) -> str:
+    """A digest of what decides the token ids: the tokenizer's files (by content; remote code too,
+    when allowed), the config entries that pick its class, the transformers and tokenizers
+    versions, max_length and the text settings. Not the weights: token files made for one model
+    are reused by another with the same tokenizer."""
+    from importlib.metadata import version
+
+    folder = Path(settings.model.path)
+    code = settings.model.trust_remote_code
+    files = sorted((p.name, hashlib.sha256(p.read_bytes()).hexdigest()) for p in folder.iterdir()
+                   if p.is_file() and (p.name in TOKENIZER_FILES or is_vocabulary_file(p) or (code and p.suffix == ".py")))
+    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+    relevant = {"files": files, "model_type": config.get("model_type"), "tokenizer_class": config.get("tokenizer_class"),
+                "versions": [version("transformers"), version("tokenizers")], "max_length": settings.model.max_length,
+                "trust_remote_code": settings.model.trust_remote_code, "text_column": settings.input.text_column,
+                "null_text": settings.input.null_text}
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]

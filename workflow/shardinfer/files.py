@@ -1,0 +1,139 @@
+"""Files per row (an image per input row): written by the runner, never by the task's code, and
+proven at gather like the rows.
+
+A shard's files go into a staging folder beside its final one (`results/files/.3.partial`), each
+named by its row's global index (`000001234.png`), so two shards or two rows can never write the
+same name. The folder takes its final name only when the shard's table is complete (just before
+the table itself), so a killed job leaves neither. The table records each file's path (relative to
+the working directory), byte size and SHA-256; gather checks every one and refuses any file the
+table does not name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from shardinfer.errors import ProofError, UserError
+from shardinfer.shardfile import FILE_TYPE, INDEX_COLUMN, file_name
+
+
+SNAKEMAKE_MARKER = ".snakemake_timestamp"  # Snakemake's own mark in a directory() output
+
+
+def staging_folder(folder: str | Path) -> Path:
+    folder = Path(folder)
+    return folder.parent / f".{folder.name}.partial"
+
+
+def expected_name(index: int, column: str, suffixes: dict[str, str]) -> str:
+    """`000001234.png`; with several file columns, `000001234.<column>.png` keeps them apart."""
+    suffix = suffixes[column] if len(suffixes) == 1 else f".{column}{suffixes[column]}"
+    return file_name(index, suffix)
+
+
+class ShardFiles:
+    """Writes a shard's file columns into its staging folder and describes each file for the table."""
+
+    def __init__(self, folder: str, suffixes: dict[str, str]) -> None:
+        self.folder = Path(folder)
+        self.staging = staging_folder(folder)
+        self.suffixes = suffixes
+
+    def write(self, column: str, values: list, index: np.ndarray) -> pa.Array:
+        """One file per non-None value (bytes), named by its row's index; None: no file for that row."""
+        described = []
+        for value, row in zip(values, index.tolist()):
+            if value is None:
+                described.append(None)
+                continue
+            if not isinstance(value, (bytes, bytearray, memoryview)):
+                raise UserError(f"row {row}: column `{column}` is a file column; its value must be bytes (or None), "
+                                f"got {type(value).__name__}")
+            name = expected_name(row, column, self.suffixes)
+            data = bytes(value)
+            (self.staging / name).write_bytes(data)
+            described.append({"path": str(self.folder / name), "size": len(data),
+                              "sha256": hashlib.sha256(data).hexdigest()})
+        return pa.array(described, type=FILE_TYPE)
+
+
+def _fsync_folder(folder: Path) -> None:
+    for entry in folder.iterdir():
+        with open(entry, "rb") as handle:
+            os.fsync(handle.fileno())
+    handle = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+
+
+@contextmanager
+def staged_files(folder: str | None, suffixes: dict[str, str]) -> Iterator[ShardFiles | None]:
+    """A ShardFiles whose staging folder replaces `folder` when the block ends without error and is
+    removed when it fails. None (and nothing on disk) when the shard job has no files folder."""
+    if folder is None:
+        yield None
+        return
+    files = ShardFiles(folder, suffixes)
+    shutil.rmtree(files.staging, ignore_errors=True)  # a killed job's leftover
+    files.staging.mkdir(parents=True)
+    try:
+        yield files
+        _fsync_folder(files.staging)
+        shutil.rmtree(files.folder, ignore_errors=True)
+        os.replace(files.staging, files.folder)
+    except BaseException:
+        shutil.rmtree(files.staging, ignore_errors=True)
+        raise
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def prove_files(table: pa.Table, folder: str, suffixes: dict[str, str]) -> set[str]:
+    """Every row that names a file has exactly that file: its own name (by index), size and SHA-256.
+    Returns the names seen, so the caller can refuse files no row names. Raises ProofError naming the row."""
+    index = table.column(INDEX_COLUMN).to_numpy()
+    seen = set()
+    for column in suffixes:
+        for row, value in zip(index.tolist(), table.column(column).to_pylist()):
+            if value is None:
+                continue
+            name = expected_name(row, column, suffixes)
+            path = Path(folder) / name
+            if value["path"] != str(path):
+                raise ProofError(f"row {row}: column `{column}` names `{value['path']}`, not its own file `{path}`")
+            if not path.is_file():
+                raise ProofError(f"row {row}: file `{path}` is missing; rerun its shard")
+            if path.stat().st_size != value["size"]:
+                raise ProofError(f"row {row}: file `{path}` has {path.stat().st_size} bytes, its row records "
+                                 f"{value['size']} (truncated or replaced); rerun its shard")
+            if sha256_of(path) != value["sha256"]:
+                raise ProofError(f"row {row}: file `{path}` is not the file its row records (SHA-256 differs: "
+                                 "altered or swapped); rerun its shard")
+            seen.add(name)
+    return seen
+
+
+def refuse_unlisted(folder: str, seen: set[str]) -> None:
+    """A file in a shard's folder that no row names (another run's, or one put there by hand)."""
+    if not Path(folder).is_dir():
+        raise ProofError(f"files folder `{folder}` is missing; rerun its shard")
+    for entry in sorted(Path(folder).iterdir()):
+        if entry.name not in seen and entry.name != SNAKEMAKE_MARKER:
+            raise ProofError(f"file `{entry}` is in the shard's files folder but no row names it; "
+                             "remove it or rerun the shard")

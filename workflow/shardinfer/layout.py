@@ -1,0 +1,117 @@
+"""Which files make up the input: one file, a directory of parts, or a glob of them.
+
+Most exported datasets are folders of parts (Spark, Dask, Hugging Face, BigQuery exports), so
+`input.path` may name a folder or a glob pattern. Its parts are resolved when the Snakefile loads,
+resolved again before each shard job and at gather (a part added, removed or renamed since
+planning is caught), and always the same way:
+
+- a directory: its files with a table extension, at any depth (as pandas and Arrow read a
+  folder), other files (README.md, schema.json) passed over;
+- a glob (`data/part-*.parquet`, `**` for any depth): its matches, a matched folder read as above;
+- anything else: the path itself, one part.
+
+Names starting with `.` or `_` are skipped at every level, as Arrow's dataset discovery does:
+Spark's `_SUCCESS`, `_committed_*` and `_temporary/`, Hadoop's `.part-0.crc`. The parts are
+sorted by path (code point order, as `sorted` and `LC_ALL=C ls` give it) and rows are numbered
+across them in that order, so zero-padded part numbers (`part-00007`) keep the writer's order.
+All parts must share one format.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+
+from shardinfer.errors import UserError
+
+INPUT_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+GLOB_CHARACTERS = "*?["
+
+
+def format_of(path: str) -> str | None:
+    """The format a file name says (looking through a trailing .gz), or None."""
+    suffixes = [s.lower() for s in Path(path).suffixes]
+    if suffixes and suffixes[-1] == ".gz":
+        suffixes = suffixes[:-1]
+    return INPUT_FORMATS.get(suffixes[-1]) if suffixes else None
+
+
+def detect_format(path: str) -> str:
+    """Infer the input format from the extension, looking through a trailing .gz."""
+    fmt = format_of(path)
+    if fmt is None:
+        allowed = ", ".join(sorted(INPUT_FORMATS))
+        raise UserError(f"input `{path}`: unknown file type; allowed extensions: {allowed} (or set input.format)")
+    return fmt
+
+
+def _skipped(name: str) -> bool:
+    return name.startswith((".", "_"))
+
+
+def _tables_under(folder: str) -> list[str]:
+    """Files with a table extension anywhere under `folder`, skipped names aside. Linked folders
+    are followed (a dataset assembled from links is common), each real folder once."""
+    found, seen = [], set()
+    for root, folders, files in os.walk(folder, followlinks=True):
+        real = os.path.realpath(root)
+        if real in seen:
+            folders[:] = []
+            continue
+        seen.add(real)
+        folders[:] = [name for name in folders if not _skipped(name)]
+        found += [os.path.join(root, name) for name in files if not _skipped(name) and format_of(name)]
+    return found
+
+
+def _matches(pattern: str) -> list[str]:
+    """A glob's files; a match named like a skipped file below the pattern's literal folders is
+    passed over, and a matched folder gives its table files."""
+    literal = Path(pattern).parts
+    depth = next((i for i, part in enumerate(literal) if any(c in part for c in GLOB_CHARACTERS)), len(literal))
+    found = []
+    for match in glob.glob(pattern, recursive=True):
+        if not any(_skipped(part) for part in Path(match).parts[depth:]):
+            found += _tables_under(match) if os.path.isdir(match) else [match]
+    return found
+
+
+def input_parts(path: str) -> tuple[str, ...]:
+    """The input's files in row order; a folder or glob that yields none is refused."""
+    if os.path.isdir(path):
+        parts = _tables_under(path)
+        if not parts:
+            allowed = ", ".join(sorted(INPUT_FORMATS))
+            raise UserError(f"input.path `{path}` is a directory with no table files ({allowed}, csv and jsonl "
+                            f"also .gz); for parts without such an extension give a glob such as "
+                            f"`{os.path.join(path, 'part-*')}` and set input.format")
+    elif any(c in path for c in GLOB_CHARACTERS) and not os.path.exists(path):
+        parts = _matches(path)
+        if not parts:
+            raise UserError(f"input.path `{path}` matches no files (names starting with `.` or `_` are skipped)")
+    else:
+        return (path,)
+    return tuple(sorted(set(parts)))
+
+
+def one_format(path: str, parts: tuple[str, ...], fmt: str) -> str:
+    """The parts' one format: `fmt` when given, else their extensions'. Parts whose extensions
+    name two formats are refused, whatever `fmt` says."""
+    if len(parts) == 1:
+        return detect_format(parts[0]) if fmt == "auto" else fmt
+    named = {part: found for part in parts if (found := format_of(part))}
+    if fmt == "auto" and len(named) < len(parts):
+        detect_format(next(part for part in parts if part not in named))  # refused, naming it
+    first = next(iter(named.items()), None)
+    other = next(((part, found) for part, found in named.items() if found != first[1]), None) if first else None
+    if other:
+        raise UserError(f"input.path `{path}` mixes formats: `{first[0]}` is {first[1]}, `{other[0]}` is "
+                        f"{other[1]}; give a directory or glob of one format")
+    return first[1] if fmt == "auto" else fmt
+
+
+def resolve_input(path: str, fmt: str = "auto") -> tuple[str, tuple[str, ...]]:
+    """The input's format and its files in row order (see the module's docstring)."""
+    parts = input_parts(path)
+    return one_format(path, parts, fmt), parts

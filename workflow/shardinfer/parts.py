@@ -1,0 +1,192 @@
+"""The input's parts as planned and read: each file of a directory or glob input (a single file is
+one part) with its place in the row numbering and its identity, and a shard's range read part by part.
+
+Rows are numbered across the parts in their order (`shardinfer.layout`): part k's rows begin where
+part k-1's end. A shard's range becomes pieces, one per part it overlaps, each a range of that
+part's own rows that `shardinfer.tables` reads exactly as it reads a single-file input (from its
+span for CSV/JSONL, its row groups for Parquet). Shards may so span parts, and each part is read
+by the shards that hold its rows, not by all of them.
+
+Every part must give each read column one type, so that all shards write one schema: Parquet parts
+are compared from their footers before anything is read; CSV is all text; JSONL parts are typed
+together, so a field that only some parts carry is null in the others, as for rows of one file.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import itertools
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from shardinfer.config import InputSettings
+from shardinfer.errors import UserError
+from shardinfer.identity import digest_alongside
+from shardinfer.layout import input_parts
+from shardinfer.tables import (NULLS_LISTED, FieldConflict, InputScan, Span, iter_range, jsonl_fields, merge_fields,
+                               reading, scan_input)
+
+
+def fingerprint(path: str) -> dict:
+    """Size and modification time: cheap to recheck before every shard and at gather."""
+    stat = os.stat(path)
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+@dataclass(frozen=True)
+class Part:
+    """One file of the input as planned: where its rows begin in the input, how many, and its identity."""
+    path: str
+    first_row: int
+    rows: int
+    size: int
+    mtime_ns: int
+    digest: str  # `sha256:<hex>` of its bytes when it was planned (shardinfer.identity)
+
+    def check_unchanged(self) -> None:
+        """Refuse a part that has disappeared, or has another size or mtime, since planning."""
+        if not os.path.isfile(self.path):
+            raise UserError(f"input `{self.path}` has disappeared since planning; rerun the plan")
+        now, then = fingerprint(self.path), {"size": self.size, "mtime_ns": self.mtime_ns}
+        if now != then:
+            raise UserError(f"input `{self.path}` changed since planning (size/mtime {then} -> {now}); "
+                            "rerun the plan (the next snakemake run replans)")
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A shard's rows in one part: rows [start, end) in the part's own numbering, and where they lie
+    in it (CSV/JSONL; None for Parquet, whose row groups are its index)."""
+    part: Part
+    start: int
+    end: int
+    span: Span | None
+
+
+def one_file(inp: InputSettings, path: str) -> InputSettings:
+    """The settings of one part, for the single-file readers of `shardinfer.tables`."""
+    return dataclasses.replace(inp, path=path, parts=(path,))
+
+
+def iter_pieces(inp: InputSettings, pieces: tuple[Piece, ...]) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """A shard's rows as (the input's row number of the batch's first row, batch), piece by piece."""
+    for piece in pieces:
+        for first, batch in iter_range(one_file(inp, piece.part.path), piece.start, piece.end, piece.span):
+            yield piece.part.first_row + first, batch
+
+
+def check_same_parts(path: str, parts: tuple[Part, ...]) -> None:
+    """Refuse an input whose files are not the planned ones: `path` resolved again (a directory
+    listed, a glob matched) must give the planned parts, no more and no fewer."""
+    now, planned = input_parts(path), [part.path for part in parts]
+    known, present = set(planned), set(now)
+    added = [name for name in now if name not in known]
+    if added:
+        raise UserError(f"input `{path}`: `{added[0]}` is not a part of the plan (added or renamed since planning; "
+                        f"{len(added)} such file(s)); rerun the plan (the next snakemake run replans)")
+    gone = [name for name in planned if name not in present]
+    if gone:
+        raise UserError(f"input `{gone[0]}` has disappeared since planning; rerun the plan")
+
+
+@dataclass(frozen=True)
+class PartsScan:
+    """The plan's scan of every part: each part as planned, its scan, and the JSONL fields."""
+    parts: tuple[Part, ...]
+    scans: tuple[InputScan, ...]
+    fields: pa.Schema | None  # JSONL: every field of every part, one type each
+
+    @property
+    def rows(self) -> int:
+        return sum(part.rows for part in self.parts)
+
+    @property
+    def null_texts(self) -> int:
+        return sum(scan.null_texts for scan in self.scans)
+
+    def first_null_rows(self) -> tuple[int, ...]:
+        rows = (part.first_row + row for part, scan in zip(self.parts, self.scans) for row in scan.first_null_rows)
+        return tuple(itertools.islice(rows, NULLS_LISTED))
+
+    def chars(self) -> np.ndarray:
+        """Characters of each row's text, in the input's row order."""
+        return np.concatenate([scan.chars for scan in self.scans])
+
+    def pieces(self, ranges: list[tuple[int, int]]) -> tuple[tuple[Piece, ...], ...]:
+        """Each range of the input as pieces of the parts that hold its rows (none for an empty
+        range). Each part finds the ranges it holds by bisection and their spans in one call, so
+        that 10,000 shards of a large file cost milliseconds, not a pass over its marks each."""
+        starts, ends = [start for start, _ in ranges], [end for _, end in ranges]
+        found: list[list[Piece]] = [[] for _ in ranges]
+        for part, scan in zip(self.parts, self.scans):
+            begin, stop = part.first_row, part.first_row + part.rows
+            held = [(k, max(starts[k], begin) - begin, min(ends[k], stop) - begin)
+                    for k in range(bisect.bisect_right(ends, begin), bisect.bisect_left(starts, stop))]
+            held = [(k, lo, hi) for k, lo, hi in held if lo < hi]
+            for (k, lo, hi), span in zip(held, scan.spans([(lo, hi) for _, lo, hi in held])):
+                found[k].append(Piece(part, lo, hi, span))
+        return tuple(tuple(pieces) for pieces in found)
+
+
+def scan_parts(inp: InputSettings) -> PartsScan:
+    """Scan every part in order, each with its content digest alongside, once the parts are known
+    to agree on the read columns' types."""
+    check_same_types(inp)
+    fields = fields_of_parts(inp.files) if inp.format == "jsonl" else None
+    parts, scans, first_row = [], [], 0
+    for path in inp.files:
+        part, scan = _scan_part(one_file(inp, path), first_row, fields)
+        parts.append(part)
+        scans.append(scan)
+        first_row += part.rows
+    return PartsScan(tuple(parts), tuple(scans), fields)
+
+
+def _scan_part(inp: InputSettings, first_row: int, fields: pa.Schema | None) -> tuple[Part, InputScan]:
+    """One part's scan and identity; a part that changes while it is read is refused."""
+    stamp = fingerprint(inp.path)
+    with digest_alongside(inp.path) as digest:
+        scan = scan_input(inp, fields)
+    content = digest.result()
+    if fingerprint(inp.path) != stamp:
+        raise UserError(f"input `{inp.path}` changed while it was being planned; rerun the plan once it is complete")
+    return Part(inp.path, first_row, scan.rows, stamp["size"], stamp["mtime_ns"], content), scan
+
+
+def fields_of_parts(paths: tuple[str, ...]) -> pa.Schema:
+    """Every JSONL field of every part, one type each, as the rows of one file are typed."""
+    fields = pa.schema([])
+    for path in paths:
+        try:
+            fields = merge_fields(fields, jsonl_fields(path))
+        except FieldConflict as conflict:
+            raise UserError(f"input `{path}`: column `{conflict.column}` holds {conflict.after} here and "
+                            f"{conflict.before} in the parts before it; give it one type") from None
+    return fields
+
+
+def check_same_types(inp: InputSettings) -> None:
+    """Parquet parts give each read column one type (a shard's columns come from its parts, and
+    all shards must write one schema). A column missing from a part is named by its scan."""
+    if inp.format != "parquet":
+        return
+    seen: dict[str, tuple[str, pa.DataType]] = {}
+    for path in inp.files:
+        for column, kind in _column_types(path, inp.read_columns).items():
+            first, before = seen.setdefault(column, (path, kind))
+            if kind != before:
+                raise UserError(f"input `{path}`: column `{column}` holds {kind}, but `{first}` holds {before}; "
+                                "every part must give a column the same type")
+
+
+def _column_types(path: str, columns: list[str]) -> dict[str, pa.DataType]:
+    """The types of those columns a Parquet file holds once, from its footer."""
+    with reading(path, "parquet"):
+        schema = pq.read_schema(path)
+    return {column: schema.field(i).type for column in columns if (i := schema.get_field_index(column)) >= 0}

@@ -1,0 +1,71 @@
+"""The shard-file contract: what a shard file holds and says about itself.
+
+Written by the infer rule, read by gather (and, for the index column, by the tokenize rule's
+files): an `index` column with each row's global number, the keep columns, then the task's
+output columns. Its metadata carries the identity it was made under (plan, range, settings
+digest, task, where its files are) under IDENTITY_KEY, fixed before the first row is written,
+and the job's stats under STATS_KEY, added at close.
+
+A task declares each output column by a type string, the same words for the built-in tasks and
+a user's own code: "float32", "int64", "string", "binary", "list<float32>", ..., or "file:.png"
+for a file per row that the runner writes (never the task) and the table describes by path,
+byte size and SHA-256 (FILE_TYPE).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pyarrow as pa
+
+INDEX_COLUMN = "index"
+IDENTITY_KEY = b"shardinfer"  # the plan, range and settings the file was made under
+STATS_KEY = b"shardinfer.stats"  # rows, time, device, tokens
+FILE_PREFIX = "file:"
+FILE_TYPE = pa.struct([("path", pa.string()), ("size", pa.int64()), ("sha256", pa.string())])
+FILE_DIGITS = 9  # files are named by global row index, zero padded: results/files/3/000001234.png
+SCALAR_TYPES = {
+    "bool": pa.bool_(), "int8": pa.int8(), "int16": pa.int16(), "int32": pa.int32(), "int64": pa.int64(),
+    "uint8": pa.uint8(), "uint16": pa.uint16(), "uint32": pa.uint32(), "uint64": pa.uint64(),
+    "float16": pa.float16(), "float32": pa.float32(), "float64": pa.float64(),
+    "string": pa.string(), "binary": pa.binary(),
+}
+TYPE_WORDS = f"{', '.join(SCALAR_TYPES)}, list<T> of those, or file:.<ext>"
+
+
+def file_suffix(spec: str) -> str | None:
+    """".png" for "file:.png"; None for a column that is not a file."""
+    return spec[len(FILE_PREFIX):] if spec.startswith(FILE_PREFIX) else None
+
+
+def arrow_type(spec: str) -> pa.DataType:
+    """The Arrow type of a declared output type; ValueError naming what is allowed."""
+    spec = spec.strip()
+    suffix = file_suffix(spec)
+    if suffix is not None:
+        if not re.fullmatch(r"\.[A-Za-z0-9][A-Za-z0-9._-]{0,15}", suffix):
+            raise ValueError(f"file type {spec!r} needs an extension such as file:.png")
+        return FILE_TYPE
+    inner = re.fullmatch(r"list<(.+)>", spec)
+    if inner:
+        return pa.list_(arrow_type(inner.group(1)))
+    if spec not in SCALAR_TYPES:
+        raise ValueError(f"unknown type {spec!r}; allowed: {TYPE_WORDS}")
+    return SCALAR_TYPES[spec]
+
+
+def shard_schema(outputs: dict[str, str], keep: pa.Schema, identity: dict) -> pa.Schema:
+    """index, the keep columns, then the task's outputs, with the identity in the metadata."""
+    fields = [pa.field(INDEX_COLUMN, pa.int64()), *keep,
+              *(pa.field(name, arrow_type(spec)) for name, spec in outputs.items())]
+    return pa.schema(fields, metadata={IDENTITY_KEY: json.dumps(identity).encode()})
+
+
+def file_columns(outputs: dict[str, str]) -> dict[str, str]:
+    """The output columns that are files, with their extensions."""
+    return {name: file_suffix(spec) for name, spec in outputs.items() if file_suffix(spec) is not None}
+
+
+def file_name(index: int, suffix: str) -> str:
+    return f"{index:0{FILE_DIGITS}d}{suffix}"

@@ -1,0 +1,171 @@
+"""Any PyTorch model: the user's own code, behind the same proof as the built-in tasks.
+
+The contract (README, "Your own model"), promised to users:
+
+    build(model_path: str | None, options: dict, device: torch.device) -> predictor
+    predictor.outputs: dict[str, str]       # column -> "float32", "int64", "string", "list<float32>",
+                                            # ..., or "file:.png" (a file per row)
+    predictor.predict(batch: pyarrow.Table, index: numpy.ndarray) -> dict[str, list]
+    predictor.cost(batch: pyarrow.Table) -> list[int]   # optional: per-row cost for batching; default 1
+
+`build` is named by `model.entrypoint` in the config, never by data, and called once per shard
+job. `batch` holds the rows' `input.columns`; `index` their global row numbers (to seed per-row
+randomness, so a row's output never depends on its batch or shard). For a file column the value
+is the file's bytes, or None for no file: the runner writes the files (`shardinfer.files`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import logging
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+
+from shardinfer.errors import UserError
+from shardinfer.shardfile import INDEX_COLUMN, arrow_type, file_suffix
+from shardinfer.tasks.base import LoadContext, Task, Window
+
+log = logging.getLogger(__name__)
+
+
+def load_entrypoint(entrypoint: str) -> Callable:
+    """The function `file.py:name` (a path relative to the working directory) or `module:name`."""
+    source, _, name = entrypoint.rpartition(":")
+    try:
+        if source.endswith(".py"):
+            module_name = f"shardinfer_hook_{hashlib.sha256(str(Path(source).resolve()).encode()).hexdigest()[:12]}"
+            spec = importlib.util.spec_from_file_location(module_name, source)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[module_name] = module  # dataclasses and pickling look their module up here
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(source)
+    except Exception as error:
+        raise _hook_error(entrypoint, f"importing `{source}` failed", error) from error
+    if not callable(getattr(module, name, None)):
+        raise UserError(f"model.entrypoint `{entrypoint}`: `{source}` has no function `{name}`")
+    return getattr(module, name)
+
+
+def _hook_error(entrypoint: str, what: str, error: BaseException) -> UserError:
+    """The hook's own traceback into the shard log; one line for the terminal."""
+    log.error("traceback of your code (model.entrypoint `%s`):\n%s", entrypoint,
+              "".join(traceback.format_exception(error)).rstrip())
+    return UserError(f"model.entrypoint `{entrypoint}`: {what}: {type(error).__name__}: {error} "
+                     "(traceback in this shard's log)")
+
+
+def check_outputs(entrypoint: str, outputs: Any, reserved: tuple[str, ...]) -> dict[str, str]:
+    """`outputs` maps column names to known type strings and names no input or index column."""
+    if not isinstance(outputs, dict) or not outputs:
+        raise UserError(f"model.entrypoint `{entrypoint}`: the predictor's `outputs` must be a non-empty dict of "
+                        f"column -> type, got {outputs!r}")
+    for name, spec in outputs.items():
+        if not isinstance(name, str) or not name or name in reserved:
+            raise UserError(f"model.entrypoint `{entrypoint}`: output column {name!r} clashes with "
+                            f"{', '.join(reserved)} (or is not a name)")
+        try:
+            arrow_type(str(spec))
+        except ValueError as error:
+            raise UserError(f"model.entrypoint `{entrypoint}`: output column `{name}`: {error}") from None
+    return {name: str(spec) for name, spec in outputs.items()}
+
+
+def describe_rows(index: np.ndarray) -> str:
+    """`row 7`, `rows 4..9` (contiguous) or `rows 3, 8, 12, ...`: which rows a batch held."""
+    if len(index) == 1:
+        return f"row {int(index[0])}"
+    if np.array_equal(index, np.arange(index[0], index[0] + len(index))):
+        return f"rows {int(index[0])}..{int(index[-1])}"
+    return f"rows {', '.join(map(str, index[:5].tolist()))}{', ...' if len(index) > 5 else ''}"
+
+
+class Custom(Task):
+    name = "custom"
+    outputs: dict[str, str] = {}  # known once the user's code is loaded
+    writes_files = True  # its outputs may declare file columns
+    cost_unit = "cost units"
+
+    def __init__(self, predictor: Any, context: LoadContext) -> None:
+        self.predictor = predictor
+        self.entrypoint = context.settings.model.entrypoint
+        reserved = (INDEX_COLUMN, *context.settings.input.keep_columns)
+        self.outputs = check_outputs(self.entrypoint, getattr(predictor, "outputs", None), reserved)
+        if not callable(getattr(predictor, "predict", None)):
+            raise UserError(f"model.entrypoint `{self.entrypoint}`: what it returned has no predict(batch, index)")
+
+    @classmethod
+    def load(cls, context: LoadContext) -> Custom:
+        model = context.settings.model
+        build = load_entrypoint(model.entrypoint)
+        try:
+            predictor = build(model.path, dict(model.options), context.device)
+        except Exception as error:
+            raise _hook_error(model.entrypoint, "build failed", error) from error
+        return cls(predictor, context)
+
+    def prepare(self, first: int, table: pa.Table) -> Window:
+        costs = np.ones(table.num_rows, dtype=np.int64)
+        if callable(getattr(self.predictor, "cost", None)):
+            costs = np.asarray(self.predictor.cost(table), dtype=np.int64)
+            if costs.shape != (table.num_rows,) or (costs < 1).any():
+                raise UserError(f"model.entrypoint `{self.entrypoint}`: cost() must give one integer >= 1 per row "
+                                f"({table.num_rows} rows from row {first})")
+        return Window(first, costs, table)
+
+    def collate(self, window: Window, positions: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+        return window.data.take(pa.array(positions)), window.first + np.asarray(positions, dtype=np.int64)
+
+    def predict(self, batch: tuple[pa.Table, np.ndarray]) -> dict[str, Any]:
+        import torch
+
+        table, index = batch
+        rows = describe_rows(index)
+        try:
+            results = self.predictor.predict(table, index)
+        except torch.OutOfMemoryError:
+            raise  # the runner halves the batch
+        except Exception as error:
+            raise _hook_error(self.entrypoint, f"predict failed on {rows}", error) from error
+        return self.checked(results, len(index), rows)
+
+    def checked(self, results: Any, count: int, rows: str) -> dict[str, Any]:
+        """One value per row for exactly the declared columns."""
+        where = f"model.entrypoint `{self.entrypoint}`: predict on {rows}"
+        if not isinstance(results, dict):
+            raise UserError(f"{where} returned {type(results).__name__}, not a dict of column -> values")
+        undeclared = sorted(set(results) - set(self.outputs))
+        missing = [name for name in self.outputs if name not in results]
+        if undeclared or missing:
+            raise UserError(f"{where}: columns {undeclared or missing} are {'not declared in outputs' if undeclared else 'missing'}"
+                            f" (outputs: {', '.join(self.outputs)})")
+        for name, values in results.items():
+            if not hasattr(values, "__len__") or len(values) != count:
+                size = len(values) if hasattr(values, "__len__") else type(values).__name__
+                raise UserError(f"{where}: column `{name}` has {size} value(s) for {count} rows")
+        return {name: results[name] for name in self.outputs}
+
+    def to_arrow(self, results: dict, index: np.ndarray) -> list:
+        """Each column in its declared type; a file column's bytes pass to the runner's file writer."""
+        return [list(results[name]) if file_suffix(spec) else self.typed(name, spec, results[name], index)
+                for name, spec in self.outputs.items()]
+
+    def typed(self, name: str, spec: str, values: Any, index: np.ndarray) -> pa.Array:
+        kind = arrow_type(spec)
+        try:
+            return pa.array(values if isinstance(values, np.ndarray) else list(values), type=kind)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+            for value, row in zip(values, index.tolist()):
+                try:
+                    pa.array([value], type=kind)
+                except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as error:
+                    raise UserError(f"model.entrypoint `{self.entrypoint}`: row {row}: column `{name}` is declared "
+                                    f"{spec} but got {value!r:.60} ({error})") from None
+            raise

@@ -1,0 +1,205 @@
+"""Text generation with a causal language model: greedy, or sampled reproducibly per row.
+
+Settings: `model.max_new_tokens` and the `generate:` section (chat_template, system_prompt,
+do_sample, temperature, top_p, seed, stop).
+
+- **Prompts** are the text column, optionally wrapped as a user message (after an optional system
+  message) in the tokenizer's chat template with its generation prompt. They are tokenized without
+  padding. A prompt longer than `model.max_length` loses its **beginning**: the end is kept, where
+  the instruction and the template's generation prompt are (a leading BOS token stays in front).
+  With a chat template a long text may so lose the system message. Cut prompts are counted as
+  truncated, as for the other tasks.
+- **Batches** are left-padded; a row costs its prompt tokens plus `max_new_tokens` (the KV cache
+  grows with both). transformers' own `generate` loop runs a batch until all its rows are done.
+- **Greedy** is plain argmax; **sampling** is greedy over scores plus per-row Gumbel noise
+  (`shardinfer.sampling`), so a row's output depends only on its prompt, the seed and its global
+  index. The model's own generation_config processors (e.g. a repetition penalty) apply as in
+  `model.generate`; its sampling settings do not, the `generate:` section's do.
+- **Finish**: `eos` when the row generated an end-of-sequence token (the tokenizer's and the
+  generation_config's), `stop` when its text reached one of `generate.stop` (transformers'
+  StopStringCriteria; a stop string may end inside the token that completes it), else `length`.
+  `n_generated_tokens` counts the tokens up to and including the one that ended the row.
+  `generated` is the text decoded without special tokens and, for `stop`, cut **before** the stop
+  string (as the OpenAI API and vLLM return it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from shardinfer.errors import UserError
+from shardinfer.tables import text_values
+from shardinfer.tasks.base import Window
+from shardinfer.tasks.classify import untrained_head
+from shardinfer.tasks.text import TextTask
+
+DEFAULTS = {"chat_template": False, "system_prompt": None, "do_sample": False, "temperature": 1.0, "top_p": 1.0,
+            "seed": 0, "stop": []}
+FINISH = ("length", "eos", "stop")  # finish codes 0, 1, 2
+CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+
+
+class FinishRecorder:
+    """A stopping criterion that records, per row, the step and the reason it finished; it also
+    stops rows on the stop strings (eos is transformers' own criterion). Rows already finished keep
+    their first record: transformers pads them afterwards, possibly with the eos id."""
+
+    def __init__(self, rows: int, prompt_width: int, eos, stop, device) -> None:
+        import torch
+
+        self.prompt_width, self.eos, self.stop = prompt_width, eos, stop
+        self.steps = torch.zeros(rows, dtype=torch.int64, device=device)  # 0: not finished
+        self.reason = torch.zeros(rows, dtype=torch.int8, device=device)
+
+    def __call__(self, input_ids, scores, **kwargs):
+        import torch
+
+        fresh = self.steps == 0
+        eos = torch.isin(input_ids[:, -1], self.eos) & fresh if self.eos is not None else torch.zeros_like(fresh)
+        stop = self.stop(input_ids, scores) & fresh & ~eos if self.stop is not None else torch.zeros_like(fresh)
+        self.reason[eos] = FINISH.index("eos")
+        self.reason[stop] = FINISH.index("stop")
+        self.steps[eos | stop] = input_ids.shape[1] - self.prompt_width
+        return self.steps > 0
+
+
+def eos_token_ids(tokenizer, model) -> list[int]:
+    """The tokenizer's eos and the model's generation_config ones (chat models often add a turn end)."""
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    configured = [configured] if isinstance(configured, int) else list(configured or [])
+    ids = [tokenizer.eos_token_id, *configured]
+    return sorted({int(i) for i in ids if i is not None})
+
+
+def cut_at_stop(text: str, stops: list[str]) -> str:
+    """The text before the stop string that ends first (the one that stopped the row)."""
+    found = [(text.find(s) + len(s), text.find(s)) for s in stops if s in text]
+    return text[: min(found)[1]] if found else text
+
+
+def not_a_generator(loaded) -> str | None:
+    """Why the loaded model cannot generate text, or None. An encoder folder (BertModel,
+    BertForMaskedLM) loads as BertLMHeadModel, with a random head or bidirectional attention."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    named = list(getattr(loaded.model.config, "architectures", None) or [])
+    if named and not any(name in causal or name.endswith(CAUSAL_SUFFIXES) for name in named):
+        return f"it holds {', '.join(named)}, not a causal language model (…ForCausalLM) with a generation head"
+    missing = untrained_head(loaded)
+    if missing:
+        more = " …" if len(missing) > 4 else ""
+        return f"weights {', '.join(missing[:4])}{more} are missing from it (they would be random)"
+    return None
+
+
+class Generate(TextTask):
+    name = "generate"
+    auto_class = "AutoModelForCausalLM"
+    padding_side = "left"
+    outputs = {"generated": "string", "n_prompt_tokens": "int32", "n_generated_tokens": "int32",
+               "finish_reason": "string"}
+
+    def __init__(self, loaded, tokenizer, pad_id: int, context) -> None:
+        super().__init__(loaded, tokenizer, pad_id, context)
+        self.options = {**DEFAULTS, **{k: v for k, v in context.settings.task_settings.items() if v is not None}}
+        self.options["stop"] = list(self.options["stop"] or [])
+        self.max_new_tokens = int(context.settings.model.max_new_tokens)
+        self.eos_ids = eos_token_ids(tokenizer, self.model)
+        self.stop_criteria = self.stop_strings_criteria()
+        self.generated_tokens = 0
+
+    def check(self) -> None:
+        reason = not_a_generator(self.loaded)
+        if reason:
+            raise UserError(f"model.path `{self.settings.model.path}` cannot generate text for task generate: {reason}")
+
+    def stop_strings_criteria(self):
+        """transformers' matcher of stop strings against token ids, built once per job."""
+        if not self.options["stop"]:
+            return None
+        from transformers import StopStringCriteria
+
+        try:
+            return StopStringCriteria(tokenizer=self.tokenizer, stop_strings=self.options["stop"])
+        except (ValueError, KeyError, TypeError) as error:
+            why = next(iter(str(error).splitlines()), type(error).__name__)
+            raise UserError(f"generate.stop: transformers cannot match stop strings with the tokenizer of model.path "
+                            f"`{self.settings.model.path}` ({why}); leave generate.stop empty") from error
+
+    def prompts(self, table: pa.Table) -> list[str]:
+        texts = text_values(table.column(0).combine_chunks(), self.null_as_empty)
+        if not self.options["chat_template"]:
+            return texts
+        system = self.options["system_prompt"]
+        head = [{"role": "system", "content": system}] if system else []
+        return [self.tokenizer.apply_chat_template([*head, {"role": "user", "content": text}], tokenize=False,
+                                                   add_generation_prompt=True) for text in texts]
+
+    def encode(self, prompts: list[str]) -> tuple[list[list[int]], list[int]]:
+        """Token ids per prompt, cut from the left to max_length (a leading BOS kept); cut positions."""
+        special = not self.options["chat_template"]  # a chat template writes its own special tokens
+        ids = self.tokenizer(prompts, add_special_tokens=special, truncation=False, verbose=False)["input_ids"]
+        limit, bos = self.settings.model.max_length, self.tokenizer.bos_token_id
+        truncated = [i for i, row in enumerate(ids) if len(row) > limit]
+        for i in truncated:
+            keep = 1 if bos is not None and ids[i][0] == bos and limit > 1 else 0
+            ids[i] = ids[i][:keep] + ids[i][len(ids[i]) - (limit - keep):]
+        return ids, truncated
+
+    def prepare(self, first: int, table: pa.Table) -> Window:
+        ids, truncated = self.encode(self.prompts(table))
+        lengths = np.fromiter((max(len(row), 1) for row in ids), dtype=np.int64, count=len(ids))
+        return Window(first, lengths + self.max_new_tokens, ids, lengths, truncated)
+
+    def collate(self, window: Window, positions: np.ndarray) -> dict[str, Any]:
+        """The padded prompts plus each row's global index (the key of its random stream)."""
+        import torch
+
+        inputs = super().collate(window, positions)
+        index = torch.from_numpy(window.first + np.asarray(positions, dtype=np.int64))
+        return {**inputs, "index": index.pin_memory() if self.pin else index}
+
+    def processors(self, index, prompt_width: int) -> list:
+        if not self.options["do_sample"]:
+            return []
+        from shardinfer.sampling import GumbelSampler
+
+        o = self.options
+        return [GumbelSampler(o["seed"], index, prompt_width, o["temperature"], o["top_p"])]
+
+    def predict(self, batch: dict) -> dict:
+        import torch
+
+        inputs = self.on_device(batch)
+        index = inputs.pop("index")
+        rows, width = inputs["input_ids"].shape
+        eos = torch.tensor(self.eos_ids, device=self.device) if self.eos_ids else None
+        recorder = FinishRecorder(rows, width, eos, self.stop_criteria, self.device)
+        out = self.model.generate(**inputs, max_new_tokens=self.max_new_tokens, do_sample=False,
+                                  pad_token_id=self.pad_id, eos_token_id=self.eos_ids or None,
+                                  logits_processor=self.processors(index, width), stopping_criteria=[recorder])
+        generated = out[:, width:].cpu().numpy()
+        steps = recorder.steps.cpu().numpy()
+        counts = np.where(steps > 0, steps, generated.shape[1])
+        return {"tokens": [generated[r, : counts[r]] for r in range(rows)],
+                "n_prompt_tokens": inputs["attention_mask"].sum(dim=1).to(torch.int32),
+                "finish": recorder.reason}
+
+    def to_arrow(self, results: dict, index: np.ndarray) -> list[pa.Array]:
+        tokens = results["tokens"]
+        texts = self.tokenizer.batch_decode([row.tolist() for row in tokens], skip_special_tokens=True)
+        finish = np.asarray(results["finish"]).astype(np.int64)
+        stop = FINISH.index("stop")
+        texts = [cut_at_stop(text, self.options["stop"]) if code == stop else text for text, code in zip(texts, finish)]
+        counts = np.fromiter((len(row) for row in tokens), dtype=np.int32, count=len(tokens))
+        self.generated_tokens += int(counts.sum())
+        reasons = np.asarray(FINISH, dtype=object)[finish]
+        return [pa.array(texts, type=pa.string()), pa.array(np.asarray(results["n_prompt_tokens"], dtype=np.int32)),
+                pa.array(counts), pa.array(reasons, type=pa.string())]
+
+    def finish(self) -> dict:
+        return {"generated_tokens": self.generated_tokens}
