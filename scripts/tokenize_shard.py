@@ -16,7 +16,7 @@ from shardinfer.jobs import run_job  # noqa: E402
 from shardinfer.tokens import TokenizeJob, run_tokenize  # noqa: E402
 
 job = TokenizeJob(
-    settings=settings_from_config(snakemake.config),
+    settings=settings_from_config(snakemake.config, snakemake.wildcards.get("name")),
     plan_path=snakemake.input.plan,
     shard=int(snakemake.wildcards.shard),
     output=snakemake.output.tokens,

@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -26,85 +27,137 @@ def package_root() -> str:
 
 sys.path.insert(0, package_root())
 
-from shardinfer.checks import check_settings, schema_errors
-from shardinfer.config import settings_from_config
-from shardinfer.digests import output_digest, tokenizer_digest
+from shardinfer.checks import check_input_keys, check_inputs, schema_errors
+from shardinfer.config import settings_by_input
+from shardinfer.digests import tokenizer_digest
 from shardinfer.errors import UserError
-from shardinfer.identity import gather_trigger, plan_trigger
+from shardinfer.inputs import InputJobs, shared_tokenizer_key
 from shardinfer.shardcount import shard_count_note
 from shardinfer.tasks import may_write_files
 from shardinfer.terminal import summary_lines
 
 
 def load_settings(config):
-    """Validate the config (filling defaults) and check it against the file system, once."""
+    """Validate the config (filling defaults) and check it against the file system, once: the
+    settings of each input, by name (None for the one `input`)."""
     try:
+        check_input_keys(config)
         schema_errors(config, workflow.source_path("../schemas/config.schema.yaml"))
         validate(config, "../schemas/config.schema.yaml")
-        settings = settings_from_config(config)
-        check_settings(settings)
+        by_name = settings_by_input(config)
+        check_inputs(by_name)
     except UserError as error:
         raise WorkflowError(f"ERROR: {error}") from None
-    note = shard_count_note(settings.shards)
+    note = shard_count_note(sum(settings.shards for settings in by_name.values()))
     if note and workflow.is_main_process:  # not again in each job of a cluster run
         logger.warning(note)
-    return settings
+    return by_name
 
 
-SETTINGS = load_settings(config)
-DIGEST = output_digest(SETTINGS)
-# The input's files: input.path itself, or the parts of a directory or glob, in row order.
-INPUT_FILES = list(SETTINGS.input.files)
-# The input's identity as params of plan and gather (README, "When things go wrong"). A part
-# added, removed or renamed, or another size or mtime, older too, replans; another ctime or
-# inode reruns gather, which checks each part's content digest.
-INPUT_VERSION = plan_trigger(SETTINGS.input.files)
-INPUT_IDENTITY = gather_trigger(SETTINGS.input.files)
-# The settings infer and gather jobs get as a param: without the list of parts, which they read
-# from the plan, so that thousands of parts are not stored again in every shard job's metadata.
-JOB_SETTINGS = SETTINGS.to_dict()
-JOB_SETTINGS["input"]["parts"] = []
+# What the jobs of each input take (shardinfer.inputs). One input (`input:`): INPUTS is {None: ...}
+# and paths are as they always were (results/plan.json). Named inputs (`inputs:`): a `{name}`
+# wildcard in every path (results/val/plan.json), by which the jobs' values are looked up.
+INPUTS = {
+    name: InputJobs.of(settings) for name, settings in load_settings(config).items()
+}
+NAMED = None not in INPUTS
+# The model, batch and task settings: the same for every input.
+SETTINGS = next(iter(INPUTS.values())).settings
+
+
+def named_path(pattern):
+    """A path of one input: `pattern` itself for the one `input`; for named inputs, with the input's
+    name after its first folder (results/{name}/plan.json, logs/{name}/infer/{shard}.log).
+    """
+    if not NAMED:
+        return pattern
+    top, _, rest = pattern.partition("/")
+    return f"{top}/{{name}}/{rest}"
+
+
+def input_value(field):
+    """A param or input of one input's jobs, an `InputJobs` field: the value itself for the one
+    `input`, which Snakemake takes once for all jobs; for named inputs, a function of the job's
+    `{name}` wildcard."""
+    if not NAMED:
+        return getattr(INPUTS[None], field)
+
+    def of_named_input(wildcards):
+        return getattr(INPUTS[wildcards.name], field)
+
+    return of_named_input
+
+
+def report_labels(labels):
+    """A report item's labels; for named inputs, the input's name first (an item per input)."""
+    return {"input": "{name}", **labels} if NAMED else labels
+
+
+def every_input(patterns):
+    """The paths of `patterns` (a rule's output) for every input, in the config's order."""
+    return expand(patterns, name=list(INPUTS)) if NAMED else list(patterns)
 
 
 wildcard_constraints:
     shard=r"\d+",
+    # The configured names only (no pattern holds {name} for the one `input`).
+    name="|".join(re.escape(name) for name in INPUTS if name is not None),
 
 
-SHARD_FILE = "results/shards/{shard}.parquet"
+SHARD_FILE = named_path("results/shards/{shard}.parquet")
 # A task that may write a file per row (custom) gets a folder per shard, declared as the infer
 # job's output beside its table (README, "Your own model").
-FILES_DIR = "results/files/{shard}"
+FILES_DIR = named_path("results/files/{shard}")
 SHARD_FILES_OUTPUT = (
     {"files": directory(FILES_DIR)} if may_write_files(SETTINGS.model.task) else {}
 )
-TOKENIZER_KEY = tokenizer_digest(SETTINGS) if SETTINGS.tokenize_ahead else None
-TOKENS_FILE = f"results/tokens/{TOKENIZER_KEY}/{{shard}}.parquet"
+# One tokenizer key for all inputs (shardinfer.inputs.shared_tokenizer_key): a constant in the pattern.
+TOKENIZER_KEY = (
+    shared_tokenizer_key([tokenizer_digest(run.settings) for run in INPUTS.values()])
+    if SETTINGS.tokenize_ahead
+    else None
+)
+TOKENS_FILE = named_path(f"results/tokens/{TOKENIZER_KEY}/{{shard}}.parquet")
 # The infer job's token file when tokenizing ahead: a pattern, not an input function, which
 # Snakemake would call (and inspect) once per shard job.
 TOKENS_INPUT = {"tokens": TOKENS_FILE} if SETTINGS.tokenize_ahead else {}
 
 
-def shard_files(wildcards=None):
-    """Every planned shard file, in shard order."""
-    return expand(SHARD_FILE, shard=range(SETTINGS.shards))
+def shard_count(wildcards):
+    """The planned shards of the job's input."""
+    return INPUTS[wildcards.get("name")].shards
 
 
-def files_folders(wildcards=None):
+def shard_files(wildcards):
+    """Every planned shard file of the gather job's input, in shard order."""
+    return expand(SHARD_FILE, shard=range(shard_count(wildcards)), **wildcards)
+
+
+def files_folders(wildcards):
     """Every planned shard's files folder, when the task may write files; nothing otherwise."""
     if not SHARD_FILES_OUTPUT:
         return []
-    return expand(FILES_DIR, shard=range(SETTINGS.shards))
+    return expand(FILES_DIR, shard=range(shard_count(wildcards)), **wildcards)
 
 
 STARTED = time.time()  # when this Snakemake run loaded the workflow
 
 
 def print_run_summary(predictions, summary):
-    """After a successful run, a few lines on the terminal from the summary gather wrote in this
-    run; a summary from an earlier run (this run's target did not include gather) is not shown.
+    """After a successful run, a few lines on the terminal for each input, from the summary gather
+    wrote in this run; a summary from an earlier run (this run's target did not include that
+    input's gather) is not shown. `predictions` and `summary`: the gather rule's patterns.
     """
-    if not os.path.isfile(summary) or os.path.getmtime(summary) < STARTED:
-        return
-    with open(summary) as handle:
-        lines = summary_lines(json.load(handle), predictions, summary)
-    logger.info("\n".join(lines))
+    lines = []
+    tables, summaries = every_input([predictions]), every_input([summary])
+    for name, table, written in zip(INPUTS, tables, summaries):
+        if not os.path.isfile(written) or os.path.getmtime(written) < STARTED:
+            continue
+        logs = named_path("logs/infer/<shard>.log").format(name=name)
+        with open(written) as handle:
+            lines += summary_lines(
+                json.load(handle), table, written, logs, report=False
+            )
+    if lines:
+        lines.append("shardinfer: figures and tables: snakemake --report report.zip")
+        logger.info("\n".join(lines))

@@ -6,18 +6,18 @@ rule gather:
         shards=shard_files,
         files=files_folders,
     output:
-        predictions="results/predictions.parquet",
-        summary="results/summary.json",
+        predictions=named_path("results/predictions.parquet"),
+        summary=named_path("results/summary.json"),
     log:
-        "logs/gather.log",
+        named_path("logs/gather.log"),
     benchmark:
-        "logs/gather.benchmark.tsv"
+        named_path("logs/gather.benchmark.tsv")
     conda:
         "../../envs/inference.yaml"
     params:
-        settings=JOB_SETTINGS,
-        digest=DIGEST,
+        settings=input_value("job_settings"),
+        digest=input_value("digest"),
         # Only a rerun trigger: a copied or rewritten input is checked again by its content digest.
-        input_identity=INPUT_IDENTITY,
+        input_identity=input_value("identity"),
     script:
         "../../scripts/gather.py"

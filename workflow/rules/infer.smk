@@ -8,17 +8,17 @@ rule infer:
         **SHARD_FILES_OUTPUT,
         shard=SHARD_FILE,
     log:
-        "logs/infer/{shard}.log",
+        named_path("logs/infer/{shard}.log"),
     benchmark:
-        "logs/infer/{shard}.benchmark.tsv"
+        named_path("logs/infer/{shard}.benchmark.tsv")
     conda:
         "../../envs/inference.yaml"
     threads: 4
     resources:
         gpu=1,
     params:
-        settings=JOB_SETTINGS,
-        digest=DIGEST,
+        settings=input_value("job_settings"),
+        digest=input_value("digest"),
         tokenizer_key=TOKENIZER_KEY,
     script:
         "../../scripts/infer.py"

@@ -1,20 +1,20 @@
 rule plan:
     input:
-        table=INPUT_FILES,
+        table=input_value("files"),
     output:
-        plan="results/plan.json",
+        plan=named_path("results/plan.json"),
     log:
-        "logs/plan.log",
+        named_path("logs/plan.log"),
     benchmark:
-        "logs/plan.benchmark.tsv"
+        named_path("logs/plan.benchmark.tsv")
     conda:
         "../../envs/inference.yaml"
     params:
-        input=SETTINGS.to_dict()["input"],
-        shards=SETTINGS.shards,
+        input=input_value("plan_input"),
+        shards=input_value("shards"),
         max_length=SETTINGS.model.max_length,
         shard_dir=os.path.dirname(SHARD_FILE),
         # Only a rerun trigger: a replaced input with an older mtime replans too.
-        input_version=INPUT_VERSION,
+        input_version=input_value("version"),
     script:
         "../../scripts/plan.py"

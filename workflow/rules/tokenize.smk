@@ -4,9 +4,9 @@ rule tokenize:
     output:
         tokens=TOKENS_FILE,
     log:
-        "logs/tokenize/{shard}.log",
+        named_path("logs/tokenize/{shard}.log"),
     benchmark:
-        "logs/tokenize/{shard}.benchmark.tsv"
+        named_path("logs/tokenize/{shard}.benchmark.tsv")
     conda:
         "../../envs/inference.yaml"
     threads: 4

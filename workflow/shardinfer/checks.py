@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 from shardinfer.config import InputSettings, ModelSettings, Settings
@@ -13,6 +14,8 @@ from shardinfer.labels import label_names
 from shardinfer.shardcount import check_shard_count
 from shardinfer.shardfile import INDEX_COLUMN
 from shardinfer.tasks import TASKS, is_text_task, output_columns
+
+INPUT_NAME = re.compile(r"[A-Za-z0-9_-]+")  # a name of `inputs`: a folder under results/ and logs/
 
 
 def schema_errors(config: dict, schema_path: str) -> None:
@@ -26,6 +29,35 @@ def schema_errors(config: dict, schema_path: str) -> None:
         error = errors[0]
         key = ".".join(str(part) for part in error.absolute_path) or "(top level)"
         raise UserError(f"config `{key}`: {error.message}")
+
+
+def check_input_keys(config: dict) -> None:
+    """`input` (one table) or `inputs` (named tables), exactly one; each name fit for a folder name.
+    Checked before the schema, whose message for either would be a dump of the whole config."""
+    given = [key for key in ("input", "inputs") if key in config]
+    if not given:
+        raise UserError("config needs `input` (one table) or `inputs` (named tables, e.g. val and test); "
+                        "it has neither")
+    if len(given) == 2:
+        raise UserError("config has both `input` and `inputs`; give one: `input` for one table, `inputs` for "
+                        "named tables (a --configfile is merged into config/config.yaml: add "
+                        "--replace-workflow-config to use it alone)")
+    names = config.get("inputs")
+    for name in names if isinstance(names, dict) else ():
+        if not isinstance(name, str) or not INPUT_NAME.fullmatch(name):
+            raise UserError(f"config `inputs`: the name {name!r} is not allowed; a name holds letters, digits, "
+                            "`_` and `-` only (it names the folders results/<name>/ and logs/<name>/)")
+
+
+def check_inputs(by_name: dict[str | None, Settings]) -> None:
+    """`check_settings` for each input; an error in a named one says which (`inputs.test: ...`)."""
+    for name, settings in by_name.items():
+        try:
+            check_settings(settings)
+        except UserError as error:
+            if name is None:
+                raise
+            raise UserError(f"inputs.{name}: {error}") from None
 
 
 def check_settings(settings: Settings) -> None:

@@ -100,10 +100,19 @@ class Settings:
         )
 
 
-def settings_from_config(config: dict) -> Settings:
-    """Build settings from a config that the schema has validated and filled with defaults."""
-    inp, model = config["input"], config["model"]
-    shards = config["shards"]
+def settings_by_input(config: dict) -> dict[str | None, Settings]:
+    """The settings of each input of a validated config, by name: `{None: ...}` for its one `input`,
+    `{name: ...}` for each of its `inputs`, in the config's order."""
+    if "inputs" not in config:
+        return {None: settings_from_config(config)}
+    return {name: settings_from_config(config, name) for name in config["inputs"]}
+
+
+def settings_from_config(config: dict, name: str | None = None) -> Settings:
+    """Build settings from a config that the schema has validated and filled with defaults: for its
+    `input`, or for the input `name` of its `inputs` (with that input's own `shards`, if it has one)."""
+    inp, model = config["input"] if name is None else config["inputs"][name], config["model"]
+    shards = inp.get("shards", config["shards"])
     if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
         raise UserError(f"config `shards` must be an integer >= 1; got {shards!r}")
     fmt, parts = resolve_input(inp["path"], inp["format"])

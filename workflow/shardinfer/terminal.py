@@ -10,8 +10,10 @@ from __future__ import annotations
 from typing import Iterator
 
 
-def summary_lines(summary: dict, predictions: str, summary_path: str) -> list[str]:
-    """One line each: rows written, throughput, then truncation and warnings when there are any."""
+def summary_lines(summary: dict, predictions: str, summary_path: str, shard_logs: str = "logs/infer/<shard>.log",
+                  report: bool = True) -> list[str]:
+    """One line each: rows written, throughput, then truncation and warnings when there are any, and
+    (`report`) where the figures are; `shard_logs` names the shard logs the truncation warning points to."""
     run = summary.get("run") or {}
     rows, shards = summary["rows"], summary["shards"]
     lines = [f"shardinfer: {rows:,} rows written to {predictions}, proven complete and in input order "
@@ -20,8 +22,9 @@ def summary_lines(summary: dict, predictions: str, summary_path: str) -> list[st
         padding = "" if run.get("task") == "custom" else f"padding ratio {run['padding_ratio']}; "
         lines.append(f"shardinfer: {throughput(run)} over {run['wall_s']:,.1f} s of shard jobs (first start to last "
                      f"end); {padding}{', '.join(run['devices'])}, {run['dtype']}")
-    lines.extend(warnings(summary, summary_path))
-    lines.append("shardinfer: figures and tables: snakemake --report report.zip")
+    lines.extend(warnings(summary, summary_path, shard_logs))
+    if report:
+        lines.append("shardinfer: figures and tables: snakemake --report report.zip")
     return lines
 
 
@@ -36,7 +39,7 @@ def throughput(run: dict) -> str:
     return text
 
 
-def warnings(summary: dict, summary_path: str) -> Iterator[str]:
+def warnings(summary: dict, summary_path: str, shard_logs: str) -> Iterator[str]:
     """What a user must not miss: truncated texts and a run that used no GPU."""
     run = summary.get("run") or {}
     if summary.get("truncated"):
@@ -44,7 +47,7 @@ def warnings(summary: dict, summary_path: str) -> Iterator[str]:
         max_length = run.get("max_length") or (summary.get("model") or {}).get("max_length")
         yield (f"shardinfer: WARNING {summary['truncated']:,} of {summary['rows']:,} texts were longer than "
                f"max_length={max_length} tokens and were truncated (first rows: {', '.join(map(str, first[:10]))}); "
-               f"each shard's first ones are in {summary_path} (per_shard: first_truncated_rows) and logs/infer/<shard>.log")
+               f"each shard's first ones are in {summary_path} (per_shard: first_truncated_rows) and {shard_logs}")
     devices = run.get("devices") or []
     if devices and all(device.startswith("cpu") for device in devices):
         yield ("shardinfer: WARNING no GPU was used: every shard ran on the CPU (no CUDA device was visible to "

@@ -1,0 +1,58 @@
+"""What the rules take of each input, computed once when the Snakefile loads.
+
+A run has one input (`input:`) or several named ones (`inputs:`, e.g. a `val` and a `test` split
+through the same model). Each input gets its own plan, shards and proven table; the model, batch
+and task settings are the same for all. The Snakefile turns these values into rule params: the
+values themselves for one input, a lookup by the `{name}` wildcard for several, so that no job
+computes anything of them again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from shardinfer.config import Settings
+from shardinfer.digests import output_digest
+from shardinfer.identity import gather_trigger, plan_trigger
+
+
+@dataclass(frozen=True)
+class InputJobs:
+    settings: Settings
+    files: list[str]  # plan's input: input.path itself, or the parts of a directory or glob, in row order
+    plan_input: dict  # plan's settings of the input, its parts included
+    shards: int
+    # The input's identity as params of plan and gather (README, "When things go wrong"): a part
+    # added, removed or renamed, or another size or mtime, older too, replans; another ctime or
+    # inode reruns gather, which checks each part's content digest.
+    version: dict
+    identity: dict
+    digest: str  # what decides the predictions (shardinfer.digests.output_digest)
+    # infer's and gather's settings: without the list of parts, which they read from the plan, so
+    # that thousands of parts are not stored again in every shard job's metadata.
+    job_settings: dict
+
+    @classmethod
+    def of(cls, settings: Settings) -> InputJobs:
+        job_settings = settings.to_dict()
+        job_settings["input"]["parts"] = []
+        return cls(
+            settings=settings,
+            files=list(settings.input.files),
+            plan_input=settings.to_dict()["input"],
+            shards=settings.shards,
+            version=plan_trigger(settings.input.files),
+            identity=gather_trigger(settings.input.files),
+            digest=output_digest(settings),
+            job_settings=job_settings,
+        )
+
+
+def shared_tokenizer_key(keys: list[str]) -> str:
+    """One tokenizer key for every input's token files (their folder's name, a constant in the rules'
+    patterns): the inputs' own key when they share it (the same text settings), else a digest of all."""
+    distinct = sorted(set(keys))
+    if len(distinct) == 1:
+        return distinct[0]
+    return hashlib.sha256(" ".join(distinct).encode()).hexdigest()[:16]
