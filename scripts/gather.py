@@ -21,4 +21,5 @@ run_job(
     digest=snakemake.params.digest,
     predictions=snakemake.output.predictions,
     summary=snakemake.output.summary,
+    files_folders=list(snakemake.input.files),
 )

@@ -6,12 +6,15 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from shardinfer.atomic import atomic_parquet_writer, partial_path
+from shardinfer.files import staged_files, staging_folder
 
 WORKFLOW = os.path.join(os.path.dirname(__file__), "..", "workflow")
 SCHEMA = pa.schema([("index", pa.int64())])
@@ -66,3 +69,51 @@ def test_a_successful_write_is_complete(tmp_path):
         writer.write_table(pa.table({"index": [1, 2]}))
     assert pq.read_table(path).column("index").to_pylist() == [1, 2]
     assert not partial_path(path).exists()
+
+
+def test_a_shard_commits_its_table_closed_then_its_files_folder_then_the_table(tmp_path, monkeypatch):
+    """The files folder takes its name only after the table is complete on disk, and just before the
+    table takes its own: a failed footer write never leaves a new folder without its table."""
+    table, files = tmp_path / "shards" / "1.parquet", tmp_path / "files" / "1"
+    renames, real_replace = [], os.replace
+
+    def recorded(src, dst):
+        if Path(dst) == files:
+            assert pq.read_metadata(partial_path(table)).num_rows == 2  # closed: its footer is written
+            assert not table.exists()
+        renames.append(Path(dst))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", recorded)
+    with staged_files(str(files), {"blob": ".bin"}) as staged, \
+            atomic_parquet_writer(table, SCHEMA, staged.commit) as writer:
+        staged.write("blob", [b"a", b"b"], np.arange(2))
+        writer.write_table(pa.table({"index": [0, 1]}))
+    assert renames == [files, table]
+    assert sorted(p.name for p in files.iterdir()) == ["000000000.bin", "000000001.bin"]
+
+
+@pytest.mark.parametrize("fail", ["footer", "table rename"])
+def test_a_failed_close_or_table_rename_leaves_neither_table_nor_files(tmp_path, monkeypatch, fail):
+    table, files = tmp_path / "shards" / "1.parquet", tmp_path / "files" / "1"
+    real_close, real_replace = pq.ParquetWriter.close, os.replace
+
+    def close(self):
+        real_close(self)
+        raise OSError(errno.ENOSPC, "disk full")
+
+    def replace(src, dst):
+        if Path(dst) == table:
+            raise OSError(errno.ENOSPC, "disk full")
+        real_replace(src, dst)
+
+    if fail == "footer":
+        monkeypatch.setattr(pq.ParquetWriter, "close", close)
+    else:
+        monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(OSError, match="disk full"):
+        with staged_files(str(files), {"blob": ".bin"}) as staged, \
+                atomic_parquet_writer(table, SCHEMA, staged.commit) as writer:
+            staged.write("blob", [b"a"], np.arange(1))
+            writer.write_table(pa.table({"index": [0]}))
+    assert not table.exists() and not files.exists() and not staging_folder(files).exists()

@@ -177,15 +177,32 @@ def test_tokenizer_key_follows_the_tokenizer_not_the_weights(tmp_path, models):
     assert tokenizer_digest(same) != tokenizer_digest(base)
 
 
-def fake_causal_lm(tmp_path, positions=64):
+def fake_causal_lm(tmp_path, positions=64, architecture="LlamaForCausalLM"):
     """A folder whose config.json is all the load-time checks read."""
     import json
 
     folder = tmp_path / "causal"
     folder.mkdir(exist_ok=True)
-    (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
+    (folder / "config.json").write_text(json.dumps({"architectures": [architecture],
                                                     "max_position_embeddings": positions}))
     return folder
+
+
+@pytest.mark.parametrize("architecture", ["Gemma3ForConditionalGeneration", "ReformerModelWithLMHead", "GPT2LMHeadModel"])
+def test_generate_accepts_every_generation_head_transformers_loads(tmp_path, models, architecture):
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    assert architecture in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+    path = fake_causal_lm(tmp_path, architecture=architecture)
+    check_settings(settings(tmp_path, models, model={"task": "generate", "path": str(path), "max_length": 16,
+                                                     "max_new_tokens": 4}))
+
+
+def test_generate_refuses_an_encoder_named_in_its_config(tmp_path, models):
+    path = fake_causal_lm(tmp_path, architecture="BertModel")
+    with pytest.raises(UserError, match=r"holds BertModel, not a causal language model"):
+        check_settings(settings(tmp_path, models, model={"task": "generate", "path": str(path), "max_length": 16,
+                                                         "max_new_tokens": 4}))
 
 
 @pytest.mark.parametrize("model,extra,message", [
@@ -222,3 +239,27 @@ def test_custom_settings_are_checked_at_load(tmp_path, models, monkeypatch, inp,
 def test_input_columns_belong_to_custom(tmp_path, models):
     with pytest.raises(UserError, match=r"input.columns is for task custom; task classify reads input.text_column"):
         check_settings(settings(tmp_path, models, input={"columns": ["text"]}))
+
+
+def custom_settings(tmp_path, models, **model):
+    return settings(tmp_path, models, input={"columns": ["text"]},
+                    model={"task": "custom", "path": str(tmp_path / "weights"), "entrypoint": "hook.py:build", **model})
+
+
+def test_custom_digest_follows_files_below_model_path_and_the_hook(tmp_path, models, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "hook.py").write_text("def build(model_path, options, device): ...\n")
+    nested = tmp_path / "weights" / "unet" / "model.bin"
+    nested.parent.mkdir(parents=True)
+    nested.write_bytes(b"v1")
+    base = output_digest(custom_settings(tmp_path, models))
+    nested.write_bytes(b"v22")
+    assert output_digest(custom_settings(tmp_path, models)) != base
+    changed = output_digest(custom_settings(tmp_path, models))
+    (tmp_path / "hook.py").write_text("def build(model_path, options, device): return 1\n")
+    assert output_digest(custom_settings(tmp_path, models)) != changed
+
+
+def test_custom_digest_refuses_a_module_it_cannot_find(tmp_path, models):
+    with pytest.raises(UserError, match=r"model.entrypoint `json.no_such_part:build`: no source file of"):
+        output_digest(custom_settings(tmp_path, models, entrypoint="json.no_such_part:build"))

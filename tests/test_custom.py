@@ -7,6 +7,7 @@ run, and the hook's faults by running single shard jobs, both without starting S
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -28,7 +29,8 @@ from shardinfer.digests import output_digest
 from shardinfer.errors import ProofError, UserError
 from shardinfer.gather import run_gather
 from shardinfer.infer import ShardJob, run_shard
-from shardinfer.plan import run_plan
+from shardinfer.plan import remove_stale_shards, run_plan
+from shardinfer.shardfile import IDENTITY_KEY
 
 EXAMPLE = REPO / "examples" / "image-transfer"
 ROWS = 13
@@ -104,7 +106,8 @@ def test_one_and_three_shards_give_byte_identical_files(runs):
 
 
 def gather_copy(workdir: Path, tmp_path: Path, tamper) -> Path:
-    """Copy a finished run, change it, and run gather's own function on the copy."""
+    """Copy a finished run, change it, and run gather's own function on the copy, handing it the
+    files folders as the gather rule does."""
     copy = tmp_path / "copy"
     shutil.copytree(workdir, copy, symlinks=True)
     os.chdir(copy)
@@ -112,7 +115,7 @@ def gather_copy(workdir: Path, tmp_path: Path, tamper) -> Path:
     settings = settings_from_config(json_roundtrip(example_config(3)))
     shards = [f"results/shards/{i}.parquet" for i in range(3)]
     run_gather("results/plan.json", shards, settings.input, settings.to_dict()["model"], output_digest(settings),
-               "results/out.parquet", "results/out.json")
+               "results/out.parquet", "results/out.json", files_folders=[f"results/files/{i}" for i in range(3)])
     return copy
 
 
@@ -146,6 +149,14 @@ def flip_a_byte(folder: Path) -> None:
     (swap, r"row 5: file `.*000000005.png` (has \d+ bytes, its row records \d+|is not the file its row records)"),
     (flip_a_byte, r"row 7: file `.*000000007.png` is not the file its row records \(SHA-256 differs: altered or swapped"),
     (lambda f: (f / "0" / "000000099.png").write_bytes(b"x"), r"file `.*000000099.png` is in the shard's files folder but no row names it"),
+    (lambda f: shutil.copytree(f / "1", f / "3"), r"stray entry `.*results/files/3` in the files folder is not a planned shard's"),
+    (lambda f: (f / ".4.partial").mkdir(), r"stray entry `.*results/files/\.4\.partial` in the files folder"),
+    (lambda f: set_files_identity(f.parent / "shards" / "1.parquet", folder="results/files/0"),
+     r"shard 1 \(`results/shards/1.parquet`\): names files folder `results/files/0`, expected `results/files/1`"),
+    (lambda f: set_files_identity(f.parent / "shards" / "1.parquet", files=None),
+     r"shard 1 .*: names no files folder, expected `results/files/1`"),
+    (lambda f: set_files_identity(f.parent / "shards" / "1.parquet", columns={}),
+     r"shard 1 .*: its metadata names file columns \[\], its schema has \['image'\]"),
 ])
 def test_a_missing_truncated_swapped_or_extra_file_is_refused(runs, tmp_path, tamper, message, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -155,10 +166,40 @@ def test_a_missing_truncated_swapped_or_extra_file_is_refused(runs, tmp_path, ta
     assert not (tmp_path / "copy" / "results" / "out.parquet").exists()
 
 
+def set_files_identity(path: Path, **change) -> None:
+    """Rewrite a shard file with its identity's `files` changed (`files=None`: removed), values kept."""
+    table = pq.read_table(path)
+    metadata = {k: v for k, v in pq.read_metadata(path).metadata.items() if k != b"ARROW:schema"}
+    identity = json.loads(metadata[IDENTITY_KEY])
+    if "files" in change and change["files"] is None:
+        del identity["files"]
+    else:
+        identity["files"].update(change)
+    metadata[IDENTITY_KEY] = json.dumps(identity).encode()
+    pq.write_table(table.replace_schema_metadata(metadata), path)
+
+
 def test_the_untouched_copy_gathers(runs, tmp_path, monkeypatch):
+    """A killed job's staging leftover of a planned shard (`.1.partial`) is allowed beside the folders."""
     monkeypatch.chdir(tmp_path)
-    copy = gather_copy(runs[3], tmp_path, lambda folder: None)
+    copy = gather_copy(runs[3], tmp_path, lambda folder: (folder / ".1.partial").mkdir())
     assert pq.read_table(copy / "results" / "out.parquet").num_rows == ROWS
+
+
+def test_replanning_to_fewer_shards_removes_the_extra_shards_files(tmp_path):
+    """5 -> 3 shards: shard files 3 and 4, their files folders and their staging leftovers go; the
+    planned shards' own (remade by Snakemake) and anything not numbered stay."""
+    shards, files = tmp_path / "shards", tmp_path / "files"
+    for name in ("0", "2", "3", "4", ".1.partial", ".4.partial", "notes"):
+        (files / name).mkdir(parents=True)
+        (files / name / "000000001.png").write_bytes(b"x")
+    shards.mkdir()
+    for k in range(5):
+        (shards / f"{k}.parquet").write_bytes(b"x")
+    removed = remove_stale_shards(str(shards), 3, str(files))
+    assert sorted(Path(p).name for p in removed) == [".4.partial", "3", "3.parquet", "4", "4.parquet"]
+    assert sorted(p.name for p in files.iterdir()) == [".1.partial", "0", "2", "notes"]
+    assert sorted(p.name for p in shards.iterdir()) == ["0.parquet", "1.parquet", "2.parquet"]
 
 
 HOOK = '''
@@ -232,3 +273,12 @@ def test_a_killed_shard_job_leaves_neither_its_table_nor_its_files(tmp_path, mon
     stats = run_shard(job)  # the rerun clears the staging folder and completes
     assert stats["rows"] == 5 and sorted(p.name for p in Path(job.files).iterdir()) == [f"{i:09d}.bin" for i in range(4, 9)]
     assert not list(tmp_path.glob("files/.*.partial"))
+
+
+def test_a_job_with_file_columns_but_no_files_folder_is_refused_in_one_line(tmp_path, monkeypatch):
+    """A caller outside Snakemake that leaves ShardJob.files unset: named, not an Arrow type error."""
+    monkeypatch.chdir(tmp_path)
+    job = dataclasses.replace(shard_job_with(tmp_path, "pass"), files=None)
+    with pytest.raises(UserError, match=r"declares file column\(s\) \['blob'\] but shard 1's job has no files folder"):
+        run_shard(job)
+    assert not Path(job.output).exists() and not list(tmp_path.glob("files*"))

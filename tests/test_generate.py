@@ -270,3 +270,11 @@ def test_a_lora_adapter_is_applied_as_peft_applies_it(lm, tmp_path):
                                       eos_token_id=tokenizer.eos_token_id)
         assert row[0] == tokenizer.decode(out[0, ids.shape[1]:].tolist(), skip_special_tokens=True)
     assert got != plain  # the adapter changed the generations
+
+
+def test_beams_in_the_models_generation_config_still_give_one_greedy_row_per_prompt(lm, reference):
+    beamy = Generate.load(LoadContext(settings(lm), torch.device("cpu"), torch.float32))
+    beamy.model.generation_config.num_beams = 3
+    beamy.model.generation_config.num_return_sequences = 2
+    texts = prompts()[:5]
+    assert run(beamy, texts, max_rows=4) == [reference(text) for text in texts]

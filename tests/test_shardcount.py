@@ -8,6 +8,7 @@ import pytest
 
 from factory import input_frame, input_settings, run_workflow, workflow_config, write_input
 from shardinfer import shardcount
+from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
 from shardinfer.shardcount import FEW_SHARDS, check_shard_count, lines, rows_at_most, shard_count_note
 
@@ -74,3 +75,13 @@ def test_snakemake_refuses_a_huge_shard_count_at_once(models, tmp_path):
     assert result.returncode != 0 and time.monotonic() - started < 60
     assert f"ERROR: config `shards` 100000 is more than the input's 13 rows ({path}): use at most 13" in shown
     assert "Building DAG" not in shown
+
+
+@pytest.mark.parametrize("name", ["in.csv.zst", "in.csv.bz2", "in.csv.gz", "in.csv.lz4", "in.csv.br", "in.data"])
+def test_text_not_named_as_a_table_gives_no_bound(tmp_path, name):
+    """Arrow decompresses by extension: newlines in the compressed bytes say nothing of the rows."""
+    path = tmp_path / name
+    path.write_bytes(b"\n" * 10)  # 10 newlines, whatever rows it may hold decompressed
+    assert rows_at_most((str(path),), "csv", FEW_SHARDS + 1) is None
+    inp = InputSettings(path=str(path), format="csv", text_column="text", keep_columns=(), null_text="error")
+    check_shard_count(inp, FEW_SHARDS + 1)

@@ -323,3 +323,17 @@ def test_a_value_longer_than_many_blocks_is_read_whole(tmp_path, monkeypatch):
     path = tmp_path / "in.csv"
     path.write_text('id,text\n0,short\n1,"' + long.replace('"', '""') + '"\n2,after\n')
     rows_from_each_mark(path, settings_for(path), ["short", long, "after"])
+
+
+@pytest.mark.parametrize("block_bytes", [1 << 20, 4])
+def test_csv_last_record_of_spaces_without_a_newline_is_a_row(tmp_path, monkeypatch, block_bytes):
+    """Arrow reads a line of spaces as a row; only line breaks are no row."""
+    import pyarrow.csv as pacsv
+
+    monkeypatch.setattr(tables, "BLOCK_BYTES", block_bytes)
+    path = tmp_path / "in.csv"
+    path.write_bytes(b"text\na\n   ")
+    settings = settings_for(path, keep_columns=())
+    expected = pacsv.read_csv(path).column("text").to_pylist()
+    assert len(expected) == 2 and scan_input(settings).rows == 2 and count_rows(settings) == 2
+    assert [t for _, b in iter_range(settings, 0, 2) for t in b.column("text").to_pylist()] == expected

@@ -14,6 +14,7 @@ rule plan:
         shards=input_value("shards"),
         max_length=SETTINGS.model.max_length,
         shard_dir=os.path.dirname(SHARD_FILE),
+        files_dir=os.path.dirname(FILES_DIR),
         # Only a rerun trigger: a replaced input with an older mtime replans too.
         input_version=input_value("version"),
     script:

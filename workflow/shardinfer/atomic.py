@@ -9,7 +9,7 @@ import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -45,8 +45,12 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 
 @contextmanager
-def atomic_parquet_writer(path: str | Path, schema: pa.Schema) -> Iterator[pq.ParquetWriter]:
+def atomic_parquet_writer(path: str | Path, schema: pa.Schema,
+                          before_commit: Callable[[], None] | None = None) -> Iterator[pq.ParquetWriter]:
     """A ParquetWriter whose file only takes its final name once closed without error.
+
+    `before_commit` runs after the file is closed (its footer written) and just before it takes its
+    name: what must appear with the file (a shard's files folder) is renamed there, never earlier.
 
     Every page carries a CRC32 checksum, so a reader that asks for verification
     (`page_checksum_verification=True`) refuses a file damaged on disk instead of reading wrong values.
@@ -57,6 +61,8 @@ def atomic_parquet_writer(path: str | Path, schema: pa.Schema) -> Iterator[pq.Pa
             yield writer
         finally:
             writer.close()
+        if before_commit is not None:
+            before_commit()
 
 
 def write_json_atomic(path: str | Path, data: dict) -> None:

@@ -14,6 +14,7 @@ from shardinfer.labels import label_names
 from shardinfer.shardcount import check_shard_count
 from shardinfer.shardfile import INDEX_COLUMN
 from shardinfer.tasks import TASKS, is_text_task, output_columns
+from shardinfer.tasks.generate import names_a_generator
 
 INPUT_NAME = re.compile(r"[A-Za-z0-9_-]+")  # a name of `inputs`: a folder under results/ and logs/
 
@@ -112,7 +113,7 @@ def check_generate(settings: Settings) -> None:
         raise UserError("tokenize.ahead is for classify and embed; task generate tokenizes its prompts in the "
                         "shard job (set tokenize.ahead: false)")
     named = json.loads((Path(model.path) / "config.json").read_text()).get("architectures") or []
-    if named and not any(name.endswith(("ForCausalLM", "LMHeadModel")) for name in named):
+    if not names_a_generator(named):
         raise UserError(f"model.path `{model.path}` holds {', '.join(named)}, not a causal language model "
                         "(…ForCausalLM) with a generation head; task generate needs one")
     limit = model_length_limit(model.path)

@@ -49,7 +49,12 @@ class CopyBack:
     def ready(self) -> dict[str, Any]:
         if self.done is not None:
             self.done.synchronize()
-        return {name: v.numpy() if isinstance(v, torch.Tensor) else v for name, v in self.outputs.items()}
+        return {name: _to_numpy(v) if isinstance(v, torch.Tensor) else v for name, v in self.outputs.items()}
+
+
+def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A host tensor as an array; numpy has no bfloat16, so those become float32 (exact)."""
+    return (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).numpy()
 
 
 def start_copy_back(outputs: dict, device: torch.device) -> CopyBack:
@@ -86,8 +91,9 @@ def predict_splitting(task: Task, window: Window, positions: np.ndarray, batch: 
         torch.cuda.empty_cache()
     if len(positions) == 1:
         row, cost = window.first + int(positions[0]), int(window.costs[positions[0]])
+        lower = "model.max_length" if task.cost_unit == "tokens" else "what your code needs per row (model.options)"
         raise UserError(f"row {row} ({cost} {task.cost_unit}) does not fit in device memory even alone; "
-                        "lower model.max_length or use a device with more memory")
+                        f"lower {lower} or use a device with more memory")
     log.warning("out of memory on a batch of %d rows (highest cost %d %s); splitting it in two", len(positions),
                 int(window.costs[positions].max()), task.cost_unit)
     half = len(positions) // 2

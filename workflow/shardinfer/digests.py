@@ -7,30 +7,46 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from shardinfer.config import Settings
+from shardinfer.errors import UserError
 
 
-def directory_fingerprint(path: str | None) -> list:
-    """Name, size and mtime of each file directly in a model or adapter directory (or of the file
-    itself, when a custom task's model.path names one)."""
+def directory_fingerprint(path: str | None, recursive: bool = False) -> list:
+    """Relative name, size and mtime of each file in a model or adapter directory: those directly in
+    it (a Hugging Face folder is flat), or every file below it (`recursive`, for a custom task's
+    model.path); or of the file itself, when model.path names one."""
     if path is None or not Path(path).exists():
         return []
-    files = [Path(path)] if Path(path).is_file() else [p for p in Path(path).iterdir() if p.is_file()]
-    return sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+    root = Path(path)
+    if root.is_file():
+        files = [root]
+    elif recursive:
+        files = [Path(folder, name) for folder, _, names in os.walk(root) for name in names]
+    else:
+        files = list(root.iterdir())
+    return sorted((p.relative_to(root).as_posix() if p != root else p.name, p.stat().st_size, p.stat().st_mtime_ns)
+                  for p in files if p.is_file())
 
 
 def entrypoint_digest(entrypoint: str | None) -> str | None:
-    """SHA-256 of a custom task's code file (a `.py` path, or the module's source file): editing the
-    hook reruns the shards."""
+    """SHA-256 of a custom task's code file (a `.py` path, or the module's source file): editing it
+    reruns the shards. Only that file: modules it imports are not read."""
     if not entrypoint:
         return None
     import importlib.util
 
     source = entrypoint.rpartition(":")[0]
-    path = source if source.endswith(".py") else getattr(importlib.util.find_spec(source), "origin", None)
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path and Path(path).is_file() else None
+    try:
+        path = source if source.endswith(".py") else getattr(importlib.util.find_spec(source), "origin", None)
+    except (ImportError, ValueError):
+        path = None
+    if not path or not Path(path).is_file():
+        raise UserError(f"model.entrypoint `{entrypoint}`: no source file of `{source}` found to digest; "
+                        "name a .py file or a module importable here")
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def output_digest(settings: Settings) -> str:
@@ -44,7 +60,7 @@ def output_digest(settings: Settings) -> str:
                   "null_text": settings.input.null_text, "columns": settings.input.columns},
         "model": dataclasses.asdict(settings.model),
         "task_settings": settings.task_settings,  # the task's own section only
-        "model_files": directory_fingerprint(settings.model.path),
+        "model_files": directory_fingerprint(settings.model.path, recursive=settings.model.task == "custom"),
         "adapter_files": directory_fingerprint(settings.model.adapter),
         "code": entrypoint_digest(settings.model.entrypoint),
     }

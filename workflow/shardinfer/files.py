@@ -3,8 +3,9 @@ proven at gather like the rows.
 
 A shard's files go into a staging folder beside its final one (`results/files/.3.partial`), each
 named by its row's global index (`000001234.png`), so two shards or two rows can never write the
-same name. The folder takes its final name only when the shard's table is complete (just before
-the table itself), so a killed job leaves neither. The table records each file's path (relative to
+same name. The folder takes its final name only once the shard's table is complete and closed,
+just before the table takes its own: a failed job leaves neither, and a job killed between the two
+renames leaves a folder without its table, which Snakemake reruns as incomplete and gather refuses. The table records each file's path (relative to
 the working directory), byte size and SHA-256; gather checks every one and refuses any file the
 table does not name.
 """
@@ -46,6 +47,14 @@ class ShardFiles:
         self.folder = Path(folder)
         self.staging = staging_folder(folder)
         self.suffixes = suffixes
+        self.committed = False
+
+    def commit(self) -> None:
+        """The staging folder, synced to disk, takes the folder's name (replacing an earlier one)."""
+        _fsync_folder(self.staging)
+        shutil.rmtree(self.folder, ignore_errors=True)
+        os.replace(self.staging, self.folder)
+        self.committed = True
 
     def write(self, column: str, values: list, index: np.ndarray) -> pa.Array:
         """One file per non-None value (bytes), named by its row's index; None: no file for that row."""
@@ -78,8 +87,10 @@ def _fsync_folder(folder: Path) -> None:
 
 @contextmanager
 def staged_files(folder: str | None, suffixes: dict[str, str]) -> Iterator[ShardFiles | None]:
-    """A ShardFiles whose staging folder replaces `folder` when the block ends without error and is
-    removed when it fails. None (and nothing on disk) when the shard job has no files folder."""
+    """A ShardFiles whose staging folder replaces `folder` when its `commit()` is called (by the
+    table's writer, just before the table takes its name: `atomic_parquet_writer(before_commit=)`).
+    Any failure in the block, the commit's included, removes the staging folder, and the folder if
+    it was already committed. None (and nothing on disk) when the shard job has no files folder."""
     if folder is None:
         yield None
         return
@@ -88,11 +99,12 @@ def staged_files(folder: str | None, suffixes: dict[str, str]) -> Iterator[Shard
     files.staging.mkdir(parents=True)
     try:
         yield files
-        _fsync_folder(files.staging)
-        shutil.rmtree(files.folder, ignore_errors=True)
-        os.replace(files.staging, files.folder)
+        if not files.committed:
+            raise RuntimeError(f"files of `{folder}` were staged but never committed with their table")
     except BaseException:
         shutil.rmtree(files.staging, ignore_errors=True)
+        if files.committed:
+            shutil.rmtree(files.folder, ignore_errors=True)
         raise
 
 

@@ -25,11 +25,11 @@ from shardinfer.atomic import atomic_parquet_writer, write_json_atomic
 from shardinfer.config import InputSettings
 from shardinfer.content import CONTENT_KEY, ContentHasher
 from shardinfer.errors import ProofError
-from shardinfer.files import prove_files, refuse_unlisted
+from shardinfer.files import prove_files, refuse_unlisted, staging_folder
 from shardinfer.identity import digest_alongside
 from shardinfer.parts import Part, one_file
 from shardinfer.plan import Plan, read_plan
-from shardinfer.shardfile import IDENTITY_KEY, INDEX_COLUMN, STATS_KEY
+from shardinfer.shardfile import FILE_TYPE, IDENTITY_KEY, INDEX_COLUMN, STATS_KEY
 from shardinfer.tables import count_rows
 
 log = logging.getLogger(__name__)
@@ -81,8 +81,9 @@ def read_fault(error: Exception) -> str:
     return f"unreadable or truncated parquet ({first})"
 
 
-def prove_shard(plan: Plan, shard: int, path: str, digest: str) -> ShardFile:
-    """Check one shard file against its planned range; raise ProofError naming the fault."""
+def prove_shard(plan: Plan, shard: int, path: str, digest: str, folder: str | None = None) -> ShardFile:
+    """Check one shard file against its planned range (and its files against `folder`, the shard's
+    expected files folder when the task may write files); raise ProofError naming the fault."""
     start, end = plan.ranges[shard]
     where = f"shard {shard} (`{path}`)"
     if not Path(path).is_file():
@@ -112,8 +113,28 @@ def prove_shard(plan: Plan, shard: int, path: str, digest: str) -> ShardFile:
     if not content.get("digest"):
         raise ProofError(f"{where}: no digest of its values (written by an earlier version of the workflow); "
                          "delete it and rerun")
-    return ShardFile(shard=shard, path=path, rows=int(values.size), schema=file.schema_arrow.remove_metadata(),
-                     stats=stats, content=content["digest"], files=identity.get("files"))
+    schema = file.schema_arrow.remove_metadata()
+    return ShardFile(shard=shard, path=path, rows=int(values.size), schema=schema, stats=stats,
+                     content=content["digest"], files=files_identity(where, identity, schema, folder))
+
+
+def files_identity(where: str, identity: dict, schema: pa.Schema, folder: str | None) -> dict | None:
+    """The shard's files as gather will check them: in the folder the workflow expects (None: the
+    task writes no files), with the file columns its schema has, not only those its metadata names."""
+    files = identity.get("files")
+    in_schema = sorted(f.name for f in schema if f.type.equals(FILE_TYPE))
+    if folder is None:
+        if files is not None or in_schema:
+            raise ProofError(f"{where}: has files (columns {in_schema}) but this workflow's task writes none")
+        return None
+    if files is None:
+        raise ProofError(f"{where}: names no files folder, expected `{folder}`; rerun it")
+    if files.get("folder") != folder:
+        raise ProofError(f"{where}: names files folder `{files.get('folder')}`, expected `{folder}`; rerun it")
+    if sorted(files.get("columns") or {}) != in_schema:
+        raise ProofError(f"{where}: its metadata names file columns {sorted(files.get('columns') or {})}, "
+                         f"its schema has {in_schema}")
+    return files
 
 
 def refuse_stray_files(shard_paths: list[str]) -> None:
@@ -125,15 +146,33 @@ def refuse_stray_files(shard_paths: list[str]) -> None:
                 raise ProofError(f"stray file `{entry}` in the shard folder is not part of the plan; remove it")
 
 
-def prove(plan: Plan, shard_paths: list[str], inp: InputSettings, digest: str) -> list[ShardFile]:
-    """Every proof that must hold before anything is written; returns the proven shards in order."""
+def refuse_stray_folders(files_folders: list[str]) -> None:
+    """Anything in the files root (`results/files`) that is not a planned shard's files folder (a
+    job's `.<shard>.partial` staging leftover aside): another plan's folder, or one made by hand."""
+    planned = {Path(p).absolute() for p in files_folders}
+    allowed = planned | {staging_folder(p) for p in planned}
+    for root in sorted({path.parent for path in planned if path.parent.is_dir()}):
+        for entry in sorted(root.iterdir()):
+            if entry not in allowed:
+                raise ProofError(f"stray entry `{entry}` in the files folder is not a planned shard's; remove it")
+
+
+def prove(plan: Plan, shard_paths: list[str], inp: InputSettings, digest: str,
+          files_folders: list[str] | None = None) -> list[ShardFile]:
+    """Every proof that must hold before anything is written; returns the proven shards in order.
+    `files_folders`: each shard's expected files folder, when the task may write files."""
     plan.check_input_unchanged()
     if len(shard_paths) != plan.shards:
         raise ProofError(f"gather got {len(shard_paths)} shard files but the plan has {plan.shards} shards")
+    folders = list(files_folders or [None] * plan.shards)
+    if len(folders) != plan.shards:
+        raise ProofError(f"gather got {len(folders)} files folders but the plan has {plan.shards} shards")
     for part in plan.parts:
         check_part(plan, part, inp)
-    shards = [prove_shard(plan, i, path, digest) for i, path in enumerate(shard_paths)]
+    shards = [prove_shard(plan, i, path, digest, folder) for i, (path, folder) in enumerate(zip(shard_paths, folders))]
     refuse_stray_files(shard_paths)
+    if files_folders:
+        refuse_stray_folders(files_folders)
     with_rows = [s for s in shards if s.rows]  # an empty shard never loaded the task: custom columns unknown
     for shard in with_rows[1:]:
         if not shard.schema.equals(with_rows[0].schema):
@@ -278,10 +317,11 @@ def summarize(plan: Plan, shards: list[ShardFile], inp: InputSettings, model: di
 
 
 def run_gather(plan_path: str, shard_paths: list[str], inp: InputSettings, model: dict, digest: str,
-               predictions: str, summary: str) -> dict:
-    """The gather rule: prove, then write predictions and summary (both atomically)."""
+               predictions: str, summary: str, files_folders: list[str] | None = None) -> dict:
+    """The gather rule: prove, then write predictions and summary (both atomically). `files_folders`:
+    each shard's files folder (results/files/<shard>) when the task may write files."""
     plan = read_plan(plan_path)
-    shards = prove(plan, shard_paths, inp, digest)
+    shards = prove(plan, shard_paths, inp, digest, files_folders)
     log.info("proof holds: %d shards, %d rows, index 0..%d in order, input unchanged", plan.shards, plan.rows, plan.rows - 1)
     write_predictions(shards, plan, digest, predictions)
     report = summarize(plan, shards, inp, model)

@@ -30,6 +30,7 @@ from shardinfer.batching import padded_tokens
 from shardinfer.config import Settings
 from shardinfer.content import ContentHasher
 from shardinfer.device import predict_window, prepare_batches
+from shardinfer.errors import UserError
 from shardinfer.files import ShardFiles, staged_files
 from shardinfer.lease import Lease, acquire_device, default_wait_s
 from shardinfer.models import choose_device, choose_dtype
@@ -178,6 +179,17 @@ class Writer:
         self.progress.advance(keep.num_rows)
 
 
+def shard_layout(job: ShardJob, plan: Plan, outputs: dict[str, str]) -> tuple[pa.Schema, dict[str, str]]:
+    """The shard file's schema (with its identity) and its file columns' extensions; file columns
+    need the job's files folder."""
+    suffixes = file_columns(outputs)
+    if suffixes and job.files is None:
+        raise UserError(f"task `{job.settings.model.task}` declares file column(s) {sorted(suffixes)} but shard "
+                        f"{job.shard}'s job has no files folder (ShardJob.files) to write them to")
+    keep = keep_schema_of(job.settings, plan, job.shard)
+    return shard_schema(outputs, keep, shard_identity(job, plan, outputs)), suffixes
+
+
 def write_shard(job: ShardJob, plan: Plan, runtime: Runtime, began: float) -> dict:
     """Stream the shard's rows through the task into its file; returns the shard's stats.
 
@@ -188,8 +200,7 @@ def write_shard(job: ShardJob, plan: Plan, runtime: Runtime, began: float) -> di
     """
     settings, task = job.settings, runtime.task
     start, end = plan.ranges[job.shard]
-    keep = keep_schema_of(settings, plan, job.shard)
-    schema = shard_schema(task.outputs, keep, shard_identity(job, plan, task.outputs))
+    schema, suffixes = shard_layout(job, plan, task.outputs)
     counters, started, columns = Counters(), time.perf_counter(), len(settings.input.task_columns)
 
     def prepare(item):
@@ -201,7 +212,9 @@ def write_shard(job: ShardJob, plan: Plan, runtime: Runtime, began: float) -> di
         counters.count(prepared.window, [positions for positions, _ in prepared.batches])
         return prepared
 
-    with (atomic_parquet_writer(job.output, schema) as writer, staged_files(job.files, file_columns(task.outputs)) as files,
+    # Commit order: the table is closed, then the files folder takes its name, then the table.
+    with (staged_files(job.files, suffixes) as files,
+          atomic_parquet_writer(job.output, schema, files and files.commit) as writer,
           torch.inference_mode(), Pipeline() as pipeline):
         write = Writer(writer, schema, task, files, counters, Progress(end - start))
         prepared = pipeline.map("batch", batch, pipeline.map(task.prepare_stage, prepare,
@@ -229,7 +242,7 @@ def write_empty_shard(job: ShardJob, plan: Plan, began: float) -> dict:
     stats = {"rows": 0, "seconds": 0.0, "device": "none (empty shard)", "dtype": None, "real_tokens": 0,
              "padded_tokens": 0, "truncated": 0, "first_truncated_rows": [], "token_lengths": {},
              "started": round(began, 3), "ended": round(time.time(), 3)}
-    with atomic_parquet_writer(job.output, schema) as writer, staged_files(job.files, {}):
+    with staged_files(job.files, {}) as files, atomic_parquet_writer(job.output, schema, files and files.commit) as writer:
         writer.add_key_value_metadata({STATS_KEY: json.dumps(stats), **ContentHasher().metadata()})
     log.info("shard %d has no rows (more shards than rows): wrote an empty shard without loading the model", job.shard)
     return stats

@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -166,24 +168,40 @@ def read_plan(path: str) -> Plan:
     )
 
 
-def remove_stale_shards(shard_dir: str, shards: int) -> list[str]:
-    """Delete shard files numbered beyond the new plan: they belong to an earlier plan.
+def remove_stale_shards(shard_dir: str, shards: int, files_dir: str | None = None) -> list[str]:
+    """Delete shard files numbered beyond the new plan, and their files folders (`files_dir/N`, and
+    a killed job's `files_dir/.N.partial`): they belong to an earlier plan.
 
     Files of shards the new plan has are remade by Snakemake (the plan is newer than they are).
     """
-    folder = Path(shard_dir)
-    stale = [p for p in folder.glob("*.parquet") if p.stem.isdigit() and int(p.stem) >= shards] if folder.is_dir() else []
-    for path in stale:
+    stale = [p for p in _numbered(shard_dir, r"(\d+)\.parquet") if p[0] >= shards]
+    for _, path in stale:
         path.unlink()
         log.info("removed %s, a shard of an earlier plan", path)
-    return [str(p) for p in stale]
+    folders = [p for p in _numbered(files_dir, r"(\d+)|\.(\d+)\.partial") if p[0] >= shards] if files_dir else []
+    for _, path in folders:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+        log.info("removed %s, the files of a shard of an earlier plan", path)
+    return [str(path) for _, path in stale + folders]
 
 
-def run_plan(inp: InputSettings, shards: int, max_length: int, plan_path: str, shard_dir: str | None = None) -> Plan:
+def _numbered(folder: str, pattern: str) -> list[tuple[int, Path]]:
+    """(shard number, path) of each entry of `folder` whose whole name matches `pattern` (one group set)."""
+    if not Path(folder).is_dir():
+        return []
+    matches = ((re.fullmatch(pattern, entry.name), entry) for entry in sorted(Path(folder).iterdir()))
+    return [(int(next(g for g in match.groups() if g is not None)), entry) for match, entry in matches if match]
+
+
+def run_plan(inp: InputSettings, shards: int, max_length: int, plan_path: str, shard_dir: str | None = None,
+             files_dir: str | None = None) -> Plan:
     """The plan rule: scan, cut, write; logs the ranges."""
     plan = make_plan(inp, shards, max_length)
     if shard_dir is not None:
-        remove_stale_shards(shard_dir, shards)
+        remove_stale_shards(shard_dir, shards, files_dir)
     write_plan(plan, plan_path)
     sizes = [e - s for s, e in plan.ranges]
     parts = f" ({len(plan.parts)} parts)" if len(plan.parts) > 1 else ""

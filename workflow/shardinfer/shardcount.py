@@ -12,8 +12,11 @@ on a small sample of it.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
+from shardinfer.layout import INPUT_FORMATS
 
 FEW_SHARDS = 1000  # above this, shards beyond the input's rows are refused
 MANY_SHARDS = 2000  # above this, the terminal says what the DAG costs
@@ -38,8 +41,9 @@ def lines(path: str, enough: int) -> int:
 def rows_at_most(files: tuple[str, ...], fmt: str, enough: int) -> tuple[int, bool] | None:
     """An upper bound on the rows of the input's files, counted until it reaches `enough`, and
     whether it is exact: Parquet's row counts (exact), a text file's lines, less a CSV file's header
-    line (a bound: a blank line or a quoted newline is not a row). None for compressed text, which
-    is not decompressed here."""
+    line (a bound: a blank line or a quoted newline is not a row). None for a text file whose name
+    does not end in a table extension: Arrow decompresses .gz, .bz2, .zst, .lz4 ... by their
+    extension, and those are not decompressed here (their newlines would be no bound)."""
     import pyarrow.parquet as pq
 
     total = 0
@@ -48,7 +52,7 @@ def rows_at_most(files: tuple[str, ...], fmt: str, enough: int) -> tuple[int, bo
             break
         if fmt == "parquet":
             total += pq.ParquetFile(path).metadata.num_rows
-        elif path.lower().endswith(".gz"):
+        elif Path(path).suffix.lower() not in INPUT_FORMATS:
             return None
         else:
             total += max(lines(path, enough - total + 1) - (fmt == "csv"), 0)

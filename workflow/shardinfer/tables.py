@@ -100,11 +100,13 @@ def _opened_at(path: str, byte: int) -> Iterator[pa.NativeFile]:
         yield stream
 
 
-def _blocks(path: str, cut: Callable[[bytes], int], at: Mark, stop: int | None) -> Iterator[tuple[int, int, bytes]]:
+def _blocks(path: str, cut: Callable[[bytes], int], at: Mark, stop: int | None,
+            blank: bytes | None = None) -> Iterator[tuple[int, int, bytes]]:
     """The file from `at` to `stop` in blocks of whole records, each with its byte offset and line
     number; `cut(data)` says where the last whole record in `data` ends (0: none yet). Blocks of
-    blank lines only are passed over. A record longer than a block makes the next read as long as
-    all that is pending, so that even a huge value is cut in linear time."""
+    nothing but `blank` bytes (None: whitespace) are passed over: for CSV only line breaks, since
+    Arrow reads a line of spaces as a row. A record longer than a block makes the next read as
+    long as all that is pending, so that even a huge value is cut in linear time."""
     byte, line, carry = at.byte, at.line, b""
     left = float("inf") if stop is None else stop - at.byte
     with _opened_at(path, at.byte) as stream:
@@ -113,10 +115,10 @@ def _blocks(path: str, cut: Callable[[bytes], int], at: Mark, stop: int | None) 
             data = carry + data
             end = cut(data)
             block, carry = data[:end], data[end:]
-            if block.strip():
+            if block.strip(blank):
                 yield byte, line, block
             byte, line = byte + len(block), line + block.count(b"\n")
-    if carry.strip():
+    if carry.strip(blank):
         yield byte, line, carry
 
 
@@ -333,7 +335,7 @@ def _text_batches(inp: InputSettings, columns: list[str], span: Span | None) -> 
         cut, parse, rows_begin = _jsonl_reader(inp.path, columns, span and span.fields)
     at, stop = (span.at, span.stop) if span else (rows_begin, None)
     row = at.row
-    for byte, line, block in _blocks(inp.path, cut, at, stop):
+    for byte, line, block in _blocks(inp.path, cut, at, stop, b"\r\n" if inp.format == "csv" else None):
         mark = Mark(row, line, byte)
         for batch in parse(line, block).to_batches():
             yield mark, batch

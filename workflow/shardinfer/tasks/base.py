@@ -1,6 +1,7 @@
 """The task interface: read this first to add a task.
 
-A shard job streams its rows through four calls and knows nothing else about the task:
+A shard job loads the task once, streams its rows through four calls, and knows nothing else
+about the task:
 
     task = Task.load(context)                  # once per job: model, tokenizer, user code...
     window = task.prepare(first, table)        # a window of input rows -> per-row costs (+ data)
@@ -14,7 +15,9 @@ the writer. Batching is the runner's: rows are sorted by cost and cut under `bat
 A batch that runs out of device memory is halved and retried.
 
 A task owns the config section named after it (`embed:`, `generate:`), handed to it as
-`settings.task_settings`: only that section (with `model:`) enters the shard digest. Its output columns are `outputs`, one type string each
+`settings.task_settings`; the shard digest takes the task's section (with `model:`, the input's
+settings, the model files and, for custom, the hook's code; `shardinfer.digests`), not the other
+tasks' sections. Its output columns are `outputs`, one type string each
 (`shardinfer.shardfile`); that is the one place they are declared.
 
 Task modules import torch and transformers inside their methods only: planning and the config

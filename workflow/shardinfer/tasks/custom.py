@@ -20,6 +20,7 @@ import hashlib
 import importlib
 import importlib.util
 import logging
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -30,9 +31,11 @@ import pyarrow as pa
 
 from shardinfer.errors import UserError
 from shardinfer.shardfile import INDEX_COLUMN, arrow_type, file_suffix
-from shardinfer.tasks.base import LoadContext, Task, Window
+from shardinfer.tasks.base import LoadContext, Task, Window, matrix_to_list_array
 
 log = logging.getLogger(__name__)
+OUTPUT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # may become part of file names
+CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError)
 
 
 def load_entrypoint(entrypoint: str) -> Callable:
@@ -63,14 +66,18 @@ def _hook_error(entrypoint: str, what: str, error: BaseException) -> UserError:
 
 
 def check_outputs(entrypoint: str, outputs: Any, reserved: tuple[str, ...]) -> dict[str, str]:
-    """`outputs` maps column names to known type strings and names no input or index column."""
+    """`outputs` maps names (letters, digits and `_`) to known type strings and names neither the
+    index nor a keep column (`reserved`): those are written beside the outputs."""
     if not isinstance(outputs, dict) or not outputs:
         raise UserError(f"model.entrypoint `{entrypoint}`: the predictor's `outputs` must be a non-empty dict of "
                         f"column -> type, got {outputs!r}")
     for name, spec in outputs.items():
-        if not isinstance(name, str) or not name or name in reserved:
-            raise UserError(f"model.entrypoint `{entrypoint}`: output column {name!r} clashes with "
-                            f"{', '.join(reserved)} (or is not a name)")
+        if not isinstance(name, str) or not OUTPUT_NAME.fullmatch(name):
+            raise UserError(f"model.entrypoint `{entrypoint}`: output column {name!r} is not a name of letters, "
+                            "digits and _ (not starting with a digit)")
+        if name in reserved:
+            raise UserError(f"model.entrypoint `{entrypoint}`: output column `{name}` clashes with "
+                            f"{', '.join(reserved)} (the index and keep columns)")
         try:
             arrow_type(str(spec))
         except ValueError as error:
@@ -114,11 +121,22 @@ class Custom(Task):
     def prepare(self, first: int, table: pa.Table) -> Window:
         costs = np.ones(table.num_rows, dtype=np.int64)
         if callable(getattr(self.predictor, "cost", None)):
-            costs = np.asarray(self.predictor.cost(table), dtype=np.int64)
-            if costs.shape != (table.num_rows,) or (costs < 1).any():
-                raise UserError(f"model.entrypoint `{self.entrypoint}`: cost() must give one integer >= 1 per row "
-                                f"({table.num_rows} rows from row {first})")
+            costs = self.costs(first, table)
         return Window(first, costs, table)
+
+    def costs(self, first: int, table: pa.Table) -> np.ndarray:
+        """The hook's cost per row: whole numbers >= 1 (1.7 is refused, not cut to 1)."""
+        rows = describe_rows(np.arange(first, first + table.num_rows))
+        try:
+            costs = np.asarray(self.predictor.cost(table))
+        except Exception as error:
+            raise _hook_error(self.entrypoint, f"cost failed on {rows}", error) from error
+        whole = costs.dtype.kind in "iu" or (costs.dtype.kind == "f" and np.isfinite(costs).all()
+                                             and (costs == np.round(costs)).all())
+        if not whole or costs.shape != (table.num_rows,) or (costs < 1).any():
+            raise UserError(f"model.entrypoint `{self.entrypoint}`: cost() must give one whole number >= 1 per row "
+                            f"for {rows}; got {costs.tolist()!r:.80}")
+        return costs.astype(np.int64)
 
     def collate(self, window: Window, positions: np.ndarray) -> tuple[pa.Table, np.ndarray]:
         return window.data.take(pa.array(positions)), window.first + np.asarray(positions, dtype=np.int64)
@@ -147,8 +165,11 @@ class Custom(Task):
             raise UserError(f"{where}: columns {undeclared or missing} are {'not declared in outputs' if undeclared else 'missing'}"
                             f" (outputs: {', '.join(self.outputs)})")
         for name, values in results.items():
-            if not hasattr(values, "__len__") or len(values) != count:
-                size = len(values) if hasattr(values, "__len__") else type(values).__name__
+            size = _value_count(values)
+            if size is None:
+                raise UserError(f"{where}: column `{name}` is a {type(values).__name__}, not one value per row "
+                                "(a list, array or tensor)")
+            if size != count:
                 raise UserError(f"{where}: column `{name}` has {size} value(s) for {count} rows")
         return {name: results[name] for name in self.outputs}
 
@@ -158,14 +179,43 @@ class Custom(Task):
                 for name, spec in self.outputs.items()]
 
     def typed(self, name: str, spec: str, values: Any, index: np.ndarray) -> pa.Array:
+        """The column in its declared type; a bad value is named with its row."""
         kind = arrow_type(spec)
+        if isinstance(values, np.ndarray) and values.ndim > 1:  # a matrix: one list per row
+            if kind == pa.list_(pa.float32()) and values.ndim == 2 and values.shape[1] and values.dtype.kind in "fiu":
+                return matrix_to_list_array(values)
+            values = values.tolist()
+        values = values if isinstance(values, np.ndarray) else list(values)
+        if pa.types.is_integer(kind) and not isinstance(values, np.ndarray):
+            self.refuse_fractions(name, spec, values, index)
         try:
-            return pa.array(values if isinstance(values, np.ndarray) else list(values), type=kind)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-            for value, row in zip(values, index.tolist()):
+            return pa.array(values, type=kind)
+        except CONVERSION_ERRORS as error:
+            for k, row in enumerate(index.tolist()):
+                value = values[k: k + 1]  # an array's slice: numpy's own cast rules, as for the whole
                 try:
-                    pa.array([value], type=kind)
-                except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as error:
+                    pa.array(value, type=kind)
+                except CONVERSION_ERRORS as cause:
                     raise UserError(f"model.entrypoint `{self.entrypoint}`: row {row}: column `{name}` is declared "
-                                    f"{spec} but got {value!r:.60} ({error})") from None
-            raise
+                                    f"{spec} but got {value[0]!r:.60} ({cause})") from None
+            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise UserError(f"model.entrypoint `{self.entrypoint}`: column `{name}` is declared {spec} but its values "
+                            f"do not convert to it: {first_line:.200}") from error
+
+    def refuse_fractions(self, name: str, spec: str, values: list, index: np.ndarray) -> None:
+        """Arrow turns a Python float into an integer silently (1.5 -> 1); an array it refuses."""
+        for value, row in zip(values, index.tolist()):
+            if isinstance(value, (float, np.floating)) and not float(value).is_integer():
+                raise UserError(f"model.entrypoint `{self.entrypoint}`: row {row}: column `{name}` is declared "
+                                f"{spec} but got {value!r:.60} (not a whole number)")
+
+
+def _value_count(values: Any) -> int | None:
+    """How many per-row values a column holds; None for a single value (a str is one value, not a list
+    of characters; a 0-d array is one number)."""
+    if isinstance(values, (str, bytes, dict)):
+        return None
+    try:
+        return len(values)
+    except TypeError:
+        return None

@@ -25,7 +25,7 @@ do_sample, temperature, top_p, seed, stop).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Collection
 
 import numpy as np
 import pyarrow as pa
@@ -39,7 +39,15 @@ from shardinfer.tasks.text import TextTask
 DEFAULTS = {"chat_template": False, "system_prompt": None, "do_sample": False, "temperature": 1.0, "top_p": 1.0,
             "seed": 0, "stop": []}
 FINISH = ("length", "eos", "stop")  # finish codes 0, 1, 2
-CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel", "WithLMHead", "ForConditionalGeneration",
+                   "GenerationDecoder")  # class names with a generation head
+
+
+def names_a_generator(architectures: list[str], known: Collection[str] = ()) -> bool:
+    """Whether a model config's `architectures` name one with a generation head: by the suffixes of
+    such class names (when the config is checked, without transformers), or by name in `known`
+    (at load: transformers' causal LM classes). A config that names none is not refused here."""
+    return not architectures or any(name in known or name.endswith(CAUSAL_SUFFIXES) for name in architectures)
 
 
 class FinishRecorder:
@@ -85,9 +93,8 @@ def not_a_generator(loaded) -> str | None:
     BertForMaskedLM) loads as BertLMHeadModel, with a random head or bidirectional attention."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
     named = list(getattr(loaded.model.config, "architectures", None) or [])
-    if named and not any(name in causal or name.endswith(CAUSAL_SUFFIXES) for name in named):
+    if not names_a_generator(named, set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())):
         return f"it holds {', '.join(named)}, not a causal language model (…ForCausalLM) with a generation head"
     missing = untrained_head(loaded)
     if missing:
@@ -179,9 +186,12 @@ class Generate(TextTask):
         rows, width = inputs["input_ids"].shape
         eos = torch.tensor(self.eos_ids, device=self.device) if self.eos_ids else None
         recorder = FinishRecorder(rows, width, eos, self.stop_criteria, self.device)
-        out = self.model.generate(**inputs, max_new_tokens=self.max_new_tokens, do_sample=False,
-                                  pad_token_id=self.pad_id, eos_token_id=self.eos_ids or None,
+        out = self.model.generate(**inputs, max_new_tokens=self.max_new_tokens, do_sample=False, num_beams=1,
+                                  num_return_sequences=1, pad_token_id=self.pad_id, eos_token_id=self.eos_ids or None,
                                   logits_processor=self.processors(index, width), stopping_criteria=[recorder])
+        if out.shape[0] != rows:  # one sequence per prompt, whatever the model's generation_config says
+            raise UserError(f"model.path `{self.settings.model.path}`: generate returned {out.shape[0]} sequences "
+                            f"for {rows} prompts")
         generated = out[:, width:].cpu().numpy()
         steps = recorder.steps.cpu().numpy()
         counts = np.where(steps > 0, steps, generated.shape[1])
