@@ -205,8 +205,8 @@ def generate_config(data, lm, shards: int, max_rows: int, **options) -> dict:
 
 @pytest.fixture(scope="module")
 def workflow_runs(lm, tmp_path_factory):
-    """Real `snakemake` runs over 40 prompts: greedy and sampled, each with 1 shard (batches of 16)
-    and 3 shards (batches of 3)."""
+    """Real `snakemake` runs over 40 prompts: greedy with 1 shard (batches of 16) and 3 shards
+    (batches of 3), sampled with 3 shards (batches of 3)."""
     import pandas as pd
 
     from factory import read_predictions, run_workflow
@@ -217,12 +217,11 @@ def workflow_runs(lm, tmp_path_factory):
     data = root / "prompts.parquet"
     pd.DataFrame({"id": [f"p{i}" for i in range(40)], "text": texts}).to_parquet(data, index=False)
     frames = {}
-    for name, options in (("greedy", {}), ("sampled", SAMPLING)):
-        for shards, max_rows in ((1, 16), (3, 3)):
-            workdir = root / f"{name}-{shards}"
-            result = run_workflow(workdir, generate_config(data, lm, shards, max_rows, **options))
-            assert result.returncode == 0, result.stdout + result.stderr
-            frames[name, shards] = read_predictions(workdir)
+    for name, options, shards, max_rows in (("greedy", {}, 1, 16), ("greedy", {}, 3, 3), ("sampled", SAMPLING, 3, 3)):
+        workdir = root / f"{name}-{shards}"
+        result = run_workflow(workdir, generate_config(data, lm, shards, max_rows, **options))
+        assert result.returncode == 0, result.stdout + result.stderr
+        frames[name, shards] = read_predictions(workdir)
     return texts, frames
 
 
@@ -235,10 +234,13 @@ def test_generate_through_the_workflow_equals_one_shard_and_the_model_alone(work
     assert [tuple(row) for row in got] == [reference(text) for text in texts]
 
 
-def test_sampling_through_the_workflow_is_the_same_for_any_shards_and_batches(workflow_runs):
-    _, frames = workflow_runs
-    assert frames["sampled", 1].equals(frames["sampled", 3])
-    assert not frames["sampled", 1]["generated"].equals(frames["greedy", 1]["generated"])
+def test_sampling_through_the_workflow_is_the_same_for_any_shards_and_batches(workflow_runs, task):
+    """3 shards with batches of 3 through `snakemake` against all rows as one window in batches of 16."""
+    texts, frames = workflow_runs
+    sampled = frames["sampled", 3]
+    columns = ["generated", "n_prompt_tokens", "n_generated_tokens", "finish_reason"]
+    assert [tuple(row) for row in sampled[columns].itertuples(index=False)] == run(task(**SAMPLING), texts, 16)
+    assert not sampled["generated"].equals(frames["greedy", 1]["generated"])
 
 
 def test_a_lora_adapter_is_applied_as_peft_applies_it(lm, tmp_path):

@@ -26,7 +26,7 @@ from test_config import DEFAULTS
 
 SCHEMA = "workflow/schemas/config.schema.yaml"
 ATOL = 1e-5  # float32 on CPU: batched vs unbatched attention differs by ~1e-7
-SHARDS = {"val": 2, "test": 3}  # val: the top-level `shards`; test: its own
+SHARDS = {"val": 2, "test": 1}  # val: the top-level `shards`; test: its own
 
 
 def named_config(model) -> dict:
@@ -98,7 +98,7 @@ def test_each_input_is_the_models_own_output_proven_in_its_own_folder(named_run)
         assert f"rows written to results/{name}/predictions.parquet, proven complete" in terminal
     assert not (workdir / "results" / "predictions.parquet").exists()  # nothing at the one-input paths
     # One DAG: the shard jobs of both inputs in one run, so `--resources gpu=N` queues them together.
-    assert re.search(r"^infer\s+5$", terminal, re.M) and re.search(r"^tokenize\s+5$", terminal, re.M)
+    assert re.search(r"^infer\s+3$", terminal, re.M) and re.search(r"^tokenize\s+3$", terminal, re.M)
     assert terminal.count("snakemake --report report.zip") == 1
 
 

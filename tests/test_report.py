@@ -25,7 +25,7 @@ from shardinfer.report import (MAX_BARS, SHARD_COLUMNS, ReportFiles, html_table,
 
 ITEMS = ("run.html", "shards.html", "rows_per_s.png", "stages.png", "token_lengths.png")
 PNG_SIZE = (800, 400)  # report.SIZE at report.DPI
-ROWS, SHARDS = 1000, 7  # the shared classify run (conftest.classify_runs)
+ROWS, SHARDS = 1000, 4  # the shared classify run (conftest.classify_runs)
 
 
 def shard_stats(seconds: float, started: float, rows: int = 100, lengths=None) -> dict:
@@ -143,7 +143,7 @@ def test_a_summary_from_before_the_report_is_refused(tmp_path):
 
 @pytest.fixture(scope="module")
 def reported(classify_runs) -> Path:
-    """The shared 1000-row, 7-shard classify run, then `snakemake --report report.zip` in its folder."""
+    """The shared 1000-row, 4-shard classify run, then `snakemake --report report.zip` in its folder."""
     workdir = classify_runs(ROWS, SHARDS).workdir
     command, env = prepare_workdir(workdir, yaml.safe_load((workdir / "config" / "config.yaml").read_text()))
     result = subprocess.run([*command, "--report", "report.zip"], cwd=workdir, env=env, capture_output=True,
