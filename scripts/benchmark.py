@@ -64,12 +64,14 @@ GENERATE_VOCAB = {"qwen-0.5b": 151936}  # Qwen2-0.5B's embedding rows (the token
 ENDING_STRENGTH = {"qwen-0.5b": 10.0}  # the ending feature's size in an embedding: 24 random layers drown a small one
 
 
-def long_tailed_texts(rows: int, seed: int = 0) -> list[str]:
-    """Real sentences joined to lengths drawn from a log-normal (median ~45 words, long tail)."""
+def long_tailed_texts(rows: int, seed: int = 0, median: int = 45, sigma: float = 0.75, shortest: int = 2,
+                      longest: int = 380, room: int = 400) -> list[str]:
+    """Real sentences joined to lengths drawn from a log-normal (by default median ~45 words, a
+    long tail to 380 words); each text starts at least `room` words before the end of the text."""
     words = " ".join(row["text"] for row in demo_rows(limit=3000)).split()
     rng = np.random.default_rng(seed)
-    lengths = np.clip(rng.lognormal(mean=math.log(45), sigma=0.75, size=rows), 2, 380).astype(int)
-    starts = rng.integers(0, len(words) - 400, size=rows)
+    lengths = np.clip(rng.lognormal(mean=math.log(median), sigma=sigma, size=rows), shortest, longest).astype(int)
+    starts = rng.integers(0, len(words) - room, size=rows)
     return [" ".join(words[s : s + n]) for s, n in zip(starts, lengths)]
 
 
@@ -194,11 +196,7 @@ def timed(function: Callable, *args) -> tuple[Any, float]:
 
 def prompt_texts(rows: int, seed: int = 1) -> list[str]:
     """Prompts of real words, long-tailed: median ~25 words (~35 tokens), a tail to 150 words (~200 tokens)."""
-    words = " ".join(row["text"] for row in demo_rows(limit=3000)).split()
-    rng = np.random.default_rng(seed)
-    lengths = np.clip(rng.lognormal(mean=math.log(25), sigma=0.7, size=rows), 6, 150).astype(int)
-    starts = rng.integers(0, len(words) - 200, size=rows)
-    return [" ".join(words[s : s + n]) for s, n in zip(starts, lengths)]
+    return long_tailed_texts(rows, seed, median=25, sigma=0.7, shortest=6, longest=150, room=200)
 
 
 def build_generator(shape: str, out: Path, eos_rate: float, repetition_penalty: float) -> Path:

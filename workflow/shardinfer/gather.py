@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -209,7 +210,8 @@ def verified_row_groups(shard: ShardFile) -> Iterator[pa.Table]:
         for table in (file.read_row_group(group) for group in groups):
             content.update(table)
             if shard.files:
-                seen |= _checked_files(where, table, shard.files)
+                with naming_the_shard(where):
+                    seen |= prove_files(table, shard.files["folder"], shard.files["columns"])
             yield table
     except (pa.ArrowException, OSError, ValueError) as error:
         raise ProofError(f"{where}: {read_fault(error)}") from error
@@ -217,19 +219,15 @@ def verified_row_groups(shard: ShardFile) -> Iterator[pa.Table]:
         raise ProofError(f"{where}: its values are not those its job wrote (digest {content.digest()}, "
                          f"recorded {shard.content}); delete it and rerun")
     if shard.files:
-        _refuse_unlisted(where, shard.files["folder"], seen)
+        with naming_the_shard(where):
+            refuse_unlisted(shard.files["folder"], seen)
 
 
-def _checked_files(where: str, table: pa.Table, files: dict) -> set[str]:
+@contextmanager
+def naming_the_shard(where: str) -> Iterator[None]:
+    """A failed file proof, prefixed with the shard it belongs to."""
     try:
-        return prove_files(table, files["folder"], files["columns"])
-    except ProofError as error:
-        raise ProofError(f"{where}: {error}") from None
-
-
-def _refuse_unlisted(where: str, folder: str, seen: set[str]) -> None:
-    try:
-        refuse_unlisted(folder, seen)
+        yield
     except ProofError as error:
         raise ProofError(f"{where}: {error}") from None
 

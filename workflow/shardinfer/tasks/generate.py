@@ -35,6 +35,7 @@ from shardinfer.tables import text_values
 from shardinfer.tasks.base import Window
 from shardinfer.tasks.classify import untrained_head
 from shardinfer.tasks.text import TextTask
+from shardinfer.tokens import TokenWindow
 
 DEFAULTS = {"chat_template": False, "system_prompt": None, "do_sample": False, "temperature": 1.0, "top_p": 1.0,
             "seed": 0, "stop": []}
@@ -157,10 +158,12 @@ class Generate(TextTask):
             ids[i] = ids[i][:keep] + ids[i][len(ids[i]) - (limit - keep):]
         return ids, truncated
 
-    def prepare(self, first: int, table: pa.Table) -> Window:
-        ids, truncated = self.encode(self.prompts(table))
-        lengths = np.fromiter((max(len(row), 1) for row in ids), dtype=np.int64, count=len(ids))
-        return Window(first, lengths + self.max_new_tokens, ids, lengths, truncated)
+    def token_ids(self, first: int, table: pa.Table) -> TokenWindow:
+        return TokenWindow(first, *self.encode(self.prompts(table)))
+
+    def costs(self, lengths: np.ndarray) -> np.ndarray:
+        """Prompt plus the tokens it may generate: the KV cache grows with both."""
+        return lengths + self.max_new_tokens
 
     def collate(self, window: Window, positions: np.ndarray) -> dict[str, Any]:
         """The padded prompts plus each row's global index (the key of its random stream)."""
