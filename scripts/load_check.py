@@ -6,9 +6,11 @@ DAG: `snakemake -n` with --dag-shards shards, of the workflow and of a bare Snak
 rules and directives but trivial values (BARE_SNAKEFILE), in turns, best of two each; the ratio is
 the workflow's own Snakemake overhead per shard job.
 
-Bytes read: the script writes one table of about --read-gb GB as CSV, JSONL and a Parquet file
-of one row group, plans each into --shards ranges and reads every range as a shard job does
-(`parts.iter_pieces` with the plan's spans), in this process, counting what it reads.
+Bytes read: the script writes one table of about --read-gb GB as CSV, JSONL, gzipped CSV and JSONL,
+and a Parquet file of one row group, plans each into --shards ranges (staging the gzipped files and
+the Parquet file, as the plan rule does: `shardinfer.staging`) and reads every range as a shard job
+does (`parts.iter_pieces` with the plan's spans, from the staged copy), in this process, counting
+what it reads; a staged file is also read in place by all shards, as it would be without its copy.
 
 Overhead is everything that is not shard work: wall time minus the shard jobs' summed time
 (Snakemake's `benchmark:` of each infer job, start-up and model load included) divided by the
@@ -250,7 +252,11 @@ def write_jsonl(table, path: Path) -> None:
 
 
 def write_formats(folder: Path, gigabytes: float) -> dict[str, Path]:
-    """The same table as CSV, JSONL and a Parquet file of one row group (what pandas writes)."""
+    """The same table as CSV, JSONL, both gzipped, and a Parquet file of one row group (what pandas
+    writes)."""
+    import gzip
+    import shutil
+
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
@@ -260,46 +266,83 @@ def write_formats(folder: Path, gigabytes: float) -> dict[str, Path]:
     pacsv.write_csv(table, paths["csv"])
     write_jsonl(table, paths["jsonl"])
     pq.write_table(table, paths["parquet"], row_group_size=table.num_rows)
-    return paths
+    for fmt in ("csv", "jsonl"):
+        paths[f"{fmt}.gz"] = folder / f"input.{fmt}.gz"
+        with open(paths[fmt], "rb") as plain, gzip.open(paths[f"{fmt}.gz"], "wb", compresslevel=1) as packed:
+            shutil.copyfileobj(plain, packed, 1 << 22)
+    return {fmt: paths[fmt] for fmt in ("csv", "jsonl", "csv.gz", "jsonl.gz", "parquet")}
+
+
+def measured(figures: dict, name: str, function, *args):
+    """Run `function`, recording the bytes it read (`<name>_bytes`) and its seconds (`<name>_s`)."""
+    before, started = bytes_read(), time.perf_counter()
+    result = function(*args)
+    figures.update({f"{name}_bytes": bytes_read() - before, f"{name}_s": time.perf_counter() - started})
+    return result
+
+
+def read_all_shards(settings, plan) -> None:
+    from shardinfer.parts import iter_pieces
+
+    rows = sum(batch.num_rows for pieces in plan.pieces for _, batch in iter_pieces(settings, pieces))
+    assert rows == plan.rows, (rows, plan.rows)
 
 
 def read_like_the_shards(path: Path, shards: int) -> dict:
-    """Plan the file into `shards` ranges, then read each range as its shard job does (from its
-    span, or its row groups); bytes read (page cache included) and seconds, plan and shards apart."""
-    from shardinfer.parts import iter_pieces
+    """Plan the file into `shards` ranges (staging it where the shards could not read it by range,
+    as the plan rule does by default), then read each range as its shard job does (from its span,
+    or its row groups; from the staged copy if any); bytes read (page cache included) and seconds.
+    A staged file is also read in place, all shards, as it would be without its copy."""
+    import dataclasses
+
     from shardinfer.plan import make_plan
-    from shardinfer.tables import iter_range
 
     settings = factory.input_settings(path, keep_columns=("id",))
-    before, started = bytes_read(), time.perf_counter()
-    plan = make_plan(settings, shards, 512)
-    figures = {"size": path.stat().st_size, "plan_bytes": bytes_read() - before,
-               "plan_s": time.perf_counter() - started, "rows": plan.rows}
-    before, started, rows = bytes_read(), time.perf_counter(), 0
-    for pieces in plan.pieces:
-        rows += sum(batch.num_rows for _, batch in iter_pieces(settings, pieces))
-    assert rows == plan.rows, (rows, plan.rows)
-    figures.update(shard_bytes=bytes_read() - before, shard_s=time.perf_counter() - started)
-    before, started = bytes_read(), time.perf_counter()
-    start, end = plan.ranges[-1]
-    # the last shard read from the start, as before spans (jsonl: with the types this process already knows;
-    # a shard job without its span also reads the whole file once more to type it)
-    sum(batch.num_rows for _, batch in iter_range(settings, start, end))
-    figures.update(unspanned_bytes=bytes_read() - before, unspanned_s=time.perf_counter() - started)
+    figures = {"size": path.stat().st_size}
+    plan = measured(figures, "plan", make_plan, settings, shards, 512, str(path.parent / f"staged-{path.name}"))
+    staged = plan.parts[0].staged
+    figures.update(rows=plan.rows, staged=staged and staged.size)
+    measured(figures, "shard", read_all_shards, settings, plan)
+    if staged:
+        in_place = dataclasses.replace(plan, parts=(dataclasses.replace(plan.parts[0], staged=None),))
+        in_place = dataclasses.replace(in_place, pieces=tuple(
+            tuple(dataclasses.replace(piece, part=in_place.parts[0]) for piece in pieces) for pieces in plan.pieces))
+        measured(figures, "in_place", read_all_shards, settings, in_place)
+        Path(staged.path).unlink()
+    else:
+        measured(figures, "unspanned", read_last_from_the_start, settings, plan)
     return figures
 
 
+def read_last_from_the_start(settings, plan) -> None:
+    """The last shard read from the file's start, as before spans (JSONL: with the types this process
+    already knows; a shard job without its span also reads the whole file once more to type it)."""
+    from shardinfer.tables import iter_range
+
+    start, end = plan.ranges[-1]
+    assert sum(batch.num_rows for _, batch in iter_range(settings, start, end)) == end - start
+
+
 def report_reads(folder: Path, gigabytes: float, shards: int) -> None:
-    paths = timed(f"write {gigabytes:g} GB as csv, jsonl and one-row-group parquet", write_formats, folder, gigabytes)
-    print(f"bytes read with {shards} shards (/proc/self/io rchar, page cache included; x = times the file's size):")
+    paths = timed(f"write {gigabytes:g} GB as csv, jsonl, both gzipped, and one-row-group parquet", write_formats,
+                  folder, gigabytes)
+    print(f"bytes read with {shards} shards (/proc/self/io rchar, page cache included; x = times the file's size; "
+          "a staged file: times its copy's size, and in place times the file's):")
     for fmt, path in paths.items():
         f = read_like_the_shards(path, shards)
-        size = f["size"]
-        print(f"  {fmt:8} {size / 1e9:.2f} GB, {f['rows']} rows: "
-              f"plan {f['plan_bytes'] / size:.2f}x in {f['plan_s']:.1f} s "
-              f"(scan and digest); all {shards} shards {f['shard_bytes'] / size:.2f}x in {f['shard_s']:.1f} s; "
-              f"the last shard alone without its span {f['unspanned_bytes'] / size:.2f}x in {f['unspanned_s']:.1f} s",
-              flush=True)
+        size, read = f["size"], f["staged"] or f["size"]
+        copy = f", staged a {f['staged'] / 1e9:.2f} GB copy" if f["staged"] else ""
+        line = (f"  {fmt:9} {size / 1e9:.2f} GB, {f['rows']} rows: plan {f['plan_bytes'] / size:.2f}x in "
+                f"{f['plan_s']:.1f} s (scan, digest{copy}); all {shards} shards {f['shard_bytes'] / read:.2f}x "
+                f"in {f['shard_s']:.1f} s")
+        if f["staged"]:
+            line += (f"; read in place instead: {f['in_place_bytes'] / size:.2f}x in {f['in_place_s']:.1f} s "
+                     f"({f['in_place_s'] / f['shard_s']:.1f}x the time)")
+        else:
+            line += (f"; the last shard alone from the start, without its span: {f['unspanned_bytes'] / size:.2f}x "
+                     f"in {f['unspanned_s']:.1f} s")
+        print(line, flush=True)
+    for path in paths.values():
         path.unlink()
 
 

@@ -13,7 +13,7 @@ from shardinfer.digests import output_digest
 from shardinfer.errors import UserError
 
 DEFAULTS = {
-    "input": {"format": "auto", "text_column": "text", "keep_columns": [], "null_text": "error"},
+    "input": {"format": "auto", "text_column": "text", "keep_columns": [], "null_text": "error", "stage": "auto"},
     "model": {"adapter": None, "task": "classify", "max_length": 512, "dtype": "auto", "trust_remote_code": False,
               "allow_pickle": False},
     "embed": {"pooling": "mean", "normalize": False},

@@ -4,6 +4,8 @@ with its own plan, shards and proven table under results/<name>/, their shard jo
 from __future__ import annotations
 
 import copy
+import gzip
+import json
 import re
 import subprocess
 import zipfile
@@ -30,12 +32,19 @@ SHARDS = {"val": 2, "test": 1}  # val: the top-level `shards`; test: its own
 
 
 def named_config(model) -> dict:
-    """`inputs:` with a CSV `val` and a Parquet `test`, tokenized ahead (rule tokenize runs per input too)."""
+    """`inputs:` with a gzipped CSV `val` (staged: its shards read a decompressed copy) and a Parquet
+    `test`, tokenized ahead (rule tokenize runs per input too)."""
     config = workflow_config("unused", model, shards=SHARDS["val"], tokenize={"ahead": True})
     keep = config.pop("input")["keep_columns"]
-    config["inputs"] = {"val": {"path": "data/val.csv", "keep_columns": keep},
+    config["inputs"] = {"val": {"path": "data/val.csv.gz", "keep_columns": keep, "stage": "always"},
                         "test": {"path": "data/test.parquet", "keep_columns": keep, "shards": SHARDS["test"]}}
     return config
+
+
+def write_gzipped_csv(frame: pd.DataFrame, path: Path) -> None:
+    plain = write_input(frame, path.with_suffix(""))
+    path.write_bytes(gzip.compress(plain.read_bytes()))
+    plain.unlink()
 
 
 def shard_files(workdir: Path, name: str) -> list[Path]:
@@ -71,7 +80,7 @@ def named_run(models, tmp_path_factory) -> NamedRun:
     texts (more rows) and the same command again."""
     workdir = tmp_path_factory.mktemp("named-inputs")
     frames = {"val": input_frame(30, seed=3), "test": input_frame(50, seed=4)}
-    write_input(frames["val"], workdir / "data" / "val.csv")
+    write_gzipped_csv(frames["val"], workdir / "data" / "val.csv.gz")
     write_input(frames["test"], workdir / "data" / "test.parquet")
     config = named_config(models.classifier)
     first = run_workflow(workdir, config)
@@ -82,7 +91,7 @@ def named_run(models, tmp_path_factory) -> NamedRun:
               for path in [*shard_files(workdir, name), workdir / "results" / name / "summary.json"]}
 
     edited = {**frames, "val": input_frame(36, seed=5)}
-    write_input(edited["val"], workdir / "data" / "val.csv")
+    write_gzipped_csv(edited["val"], workdir / "data" / "val.csv.gz")
     second = run_workflow(workdir, config)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-6000:]
     terminals = (first.stdout + first.stderr, second.stdout + second.stderr)
@@ -112,6 +121,10 @@ def test_editing_one_input_replans_only_that_input(named_run, models):
     assert re.search(r"^infer\s+2$", terminal, re.M)  # val's shards only
     assert "rows written to results/val/predictions.parquet" in terminal  # the summary of the gather that ran
     assert "rows written to results/test/predictions.parquet" not in terminal
+    plan = json.loads((workdir / "results" / "val" / "plan.json").read_text())
+    staged = plan["input"]["parts"][0]["staged"]["path"]  # made again from the new val
+    assert staged == "results/val/staged/00000.csv"
+    assert (workdir / staged).read_bytes() == gzip.decompress((workdir / "data" / "val.csv.gz").read_bytes())
 
 
 def test_the_report_has_each_inputs_items(named_run):

@@ -131,7 +131,7 @@ def test_the_plan_file_records_each_part_and_each_shards_pieces(tmp_path):
     assert recorded["input"]["path"] == str(tmp_path / "parts")
     part = recorded["input"]["parts"][2]
     assert part == {"path": str(paths[2]), "first_row": 137, "rows": 503, "size": paths[2].stat().st_size,
-                    "mtime_ns": paths[2].stat().st_mtime_ns, "digest": part["digest"]}
+                    "mtime_ns": paths[2].stat().st_mtime_ns, "digest": part["digest"], "staged": None}
     first = recorded["shards"][0]
     assert [(p["part"], p["start"], p["end"]) for p in first["pieces"]] == [(0, 0, 137), (2, 0, first["end"] - 137)]
     assert first["pieces"][1]["span"]["row"] == 0
@@ -146,16 +146,48 @@ def test_null_texts_are_named_by_their_row_in_the_whole_input(tmp_path):
         make_plan(parts_settings(tmp_path / "parts"), 4, 32)
 
 
-def test_parquet_parts_must_give_a_column_one_type(tmp_path):
+def test_parquet_parts_of_other_writers_types_are_read_in_one_type(tmp_path):
+    """Writers differ (Spark: string and int32, pandas: large_string and int64, a categorical):
+    the plan types the parts together and every shard reads them in those types."""
+    frame = input_frame(30)
+    write_input(frame.iloc[:10], tmp_path / "parts" / "a.parquet")
+    spark = pa.table({"text": pa.array(frame["text"][10:20], pa.string()), "id": pa.array(frame["id"][10:20], pa.string()),
+                      "gold": pa.array(frame["gold"][10:20], pa.int32())})
+    pq.write_table(spark, tmp_path / "parts" / "b.parquet")
+    categorical = pa.Table.from_pandas(frame.iloc[20:].astype({"id": "category"}), preserve_index=False)
+    pq.write_table(categorical, tmp_path / "parts" / "c.parquet")
+    inp = parts_settings(tmp_path / "parts", keep_columns=("id", "gold"))
+    plan = make_plan(inp, 3, 32)
+    run_plan(inp, 3, 32, str(tmp_path / "plan.json"))
+    assert read_plan(str(tmp_path / "plan.json")).fields == plan.fields
+    batches = [batch for k in range(plan.shards) for _, batch in plan.shard_rows(inp, k)]
+    assert {str(batch.schema) for batch in batches} == {"text: large_string\nid: large_string\ngold: int64"}
+    assert pa.Table.from_batches(batches).column("gold").to_pylist() == frame["gold"].tolist()
+    assert pa.Table.from_batches(batches).column("id").to_pylist() == frame["id"].tolist()
+    same = make_plan(parts_settings(tmp_path / "parts", keep_columns=()), 2, 32)
+    assert same.fields is not None  # text: string in b, large_string in a and c
+
+
+def test_parquet_parts_whose_column_no_one_type_holds_are_refused(tmp_path):
     frame = input_frame(20)
     write_input(frame.iloc[:10], tmp_path / "parts" / "a.parquet")
-    pq.write_table(pa.Table.from_pandas(frame.iloc[10:].astype({"gold": "int32"}), preserve_index=False),
+    pq.write_table(pa.Table.from_pandas(frame.iloc[10:].astype({"gold": str}), preserve_index=False),
                    tmp_path / "parts" / "b.parquet")
     inp = parts_settings(tmp_path / "parts", keep_columns=("id", "gold"))
-    with pytest.raises(UserError, match=r"input `.*b.parquet`: column `gold` holds int32, but `.*a.parquet` holds "
-                                        r"int64; every part must give a column the same type"):
+    with pytest.raises(UserError, match=r"input `.*b.parquet`: column `gold` holds large_string, but `.*a.parquet` "
+                                        r"holds int64; every part must give a column types that one type holds"):
         make_plan(inp, 2, 32)
-    make_plan(dataclasses.replace(inp, keep_columns=("id",)), 2, 32)  # a column not read may differ
+    assert make_plan(dataclasses.replace(inp, keep_columns=("id",)), 2, 32).fields is None  # not read: may differ
+
+
+def test_a_parquet_value_the_shared_type_cannot_hold_is_refused_naming_the_part(tmp_path):
+    write_input(input_frame(3).assign(gold=[0.5, 1.5, 2.5]), tmp_path / "parts" / "a.parquet")
+    write_input(input_frame(3).assign(gold=[1, 2**53 + 1, 3]), tmp_path / "parts" / "b.parquet")
+    inp = parts_settings(tmp_path / "parts", keep_columns=("gold",))
+    plan = make_plan(inp, 1, 32)
+    with pytest.raises(UserError, match=r"^input `.*b.parquet`: column `gold` does not fit double, the type the "
+                                        r"parts share: Integer value 9007199254740993 not in range"):
+        list(plan.shard_rows(inp, 0))
 
 
 def test_a_keep_column_missing_from_one_part_names_the_part(tmp_path):
@@ -263,19 +295,25 @@ def test_the_triggers_follow_every_part(tmp_path):
 def test_a_directory_of_parts_runs_as_one_table_and_gather_proves_every_part(classify_runs, models,
                                                                                       tmp_path):
     """Three Parquet parts of a classify run's input in a directory (uneven; a shard spans a part
-    boundary; Spark's markers beside them) give the single-file run's table. Then a part edited
-    with its size and mtime kept is refused at gather, naming it, and a part added makes the next
-    run replan. (Globs and gzipped CSV/JSONL parts read as one file: the unit tests above.)"""
+    boundary; Spark's markers beside them; row groups of 97 rows, staged with `input.stage: always`
+    so that the shards read copies with groups cut at their boundaries) give the single-file run's
+    table. Then a part edited with its size and mtime kept is refused at gather, naming it, and a
+    part added makes the next run replan. (Globs and gzipped CSV/JSONL parts read as one file: the
+    unit tests above; a gzipped input staged: the named inputs' `val`.)"""
     want = classify_runs(1000, 4)
     parquet = tmp_path / "parquet"
     paths = write_parts(want.frame, parquet / "data" / "parts", ".parquet", cuts=(0, 137, 640, 1000))
     for marker in ("_SUCCESS", ".part-00000.parquet.crc"):
         (parquet / "data" / "parts" / marker).write_text("")
     config = workflow_config("data/parts", models.classifier, shards=4)
+    config["input"]["stage"] = "always"
     assert run_ok(parquet, config).equals(want.predictions)  # bit for bit: the same ranges and batches
     plan = json.loads((parquet / "results" / "plan.json").read_text())
     assert [part["path"] for part in plan["input"]["parts"]] == [f"data/parts/part-0000{k}.parquet" for k in range(3)]
     assert max(len(shard["pieces"]) for shard in plan["shards"]) == 2
+    staged = [part["staged"] and part["staged"]["path"] for part in plan["input"]["parts"]]
+    # part 0 lies in one shard; part 2's one shard boundary (row 737 = 640 + 97) is a row group's: read in place
+    assert staged == [None, "results/staged/00001.parquet", None]
 
     before, original = paths[1].stat(), paths[1].read_bytes()
     flip_a_data_page_byte(paths[1], "id")

@@ -188,8 +188,8 @@ def test_plan_file_records_each_shards_span_and_the_jsonl_fields_once(tmp_path, 
     path = write_input(input_frame(500), tmp_path / "in.jsonl")
     write_plan(make_plan(settings_for(path), 4, 32), tmp_path / "plan.json")
     recorded = json.loads((tmp_path / "plan.json").read_text())
-    assert recorded["version"] == PLAN_VERSION == 5
-    assert recorded["input"]["jsonl_fields"]["types"] == {"id": "string", "gold": "int64", "text": "string"}
+    assert recorded["version"] == PLAN_VERSION == 6
+    assert recorded["input"]["fields"]["types"] == {"id": "string", "gold": "int64", "text": "string"}
     spans = [piece["span"] for shard in recorded["shards"] for piece in shard["pieces"]]
     assert len(spans) == 4
     assert spans[0] == {"row": 0, "line": 1, "byte": 0, "stop_byte": spans[1]["byte"]}
@@ -212,5 +212,5 @@ def test_a_plan_of_an_earlier_version_is_refused(tmp_path):
     write_plan(make_plan(settings_for(path), 2, 32), tmp_path / "plan.json")
     recorded = json.loads((tmp_path / "plan.json").read_text())
     (tmp_path / "plan.json").write_text(json.dumps({**recorded, "version": 3}))
-    with pytest.raises(UserError, match=r"has version 3, expected 5; rerun the plan"):
+    with pytest.raises(UserError, match=r"has version 3, expected 6; rerun the plan"):
         read_plan(str(tmp_path / "plan.json"))

@@ -3,6 +3,8 @@ rule plan:
         table=input_value("files"),
     output:
         plan=named_path("results/plan.json"),
+        # Copies of the parts that shards cannot read by range (input.stage); often empty.
+        staged=directory(named_path("results/staged")),
     log:
         named_path("logs/plan.log"),
     benchmark:

@@ -27,6 +27,7 @@ class InputSettings:
     null_text: str
     columns: tuple[str, ...] = ()  # task custom: the input columns handed to the user's code
     parts: tuple[str, ...] = ()  # the files `path` names, in row order (shardinfer.layout); (): `path` itself
+    stage: str = "auto"  # when the plan copies a part for its shards to read by range (shardinfer.staging)
 
     @property
     def files(self) -> tuple[str, ...]:
@@ -125,6 +126,7 @@ def settings_from_config(config: dict, name: str | None = None) -> Settings:
             keep_columns=tuple(inp["keep_columns"]),
             null_text=inp["null_text"],
             columns=tuple(inp.get("columns") or ()),
+            stage=inp["stage"],
         ),
         model=ModelSettings(
             path=None if model.get("path") is None else resolve_model_path(model["path"]),

@@ -188,7 +188,8 @@ def prove(plan: Plan, shard_paths: list[str], inp: InputSettings, digest: str,
 def check_part(plan: Plan, part: Part, inp: InputSettings) -> None:
     """Read a part once, counting its rows with its content digest alongside (a second thread):
     refuse one whose bytes are not those planned, though its size and mtime are (an edit with the
-    mtime put back, or a same-sized file copied over with `cp -p`), or that holds other rows."""
+    mtime put back, or a same-sized file copied over with `cp -p`), or that holds other rows; and
+    one whose staged copy, which its shards read, is not the one the plan wrote."""
     with digest_alongside(part.path) as content:
         rows = count_rows(one_file(inp, part.path), plan.fields)
     if content.result() != part.digest:
@@ -196,6 +197,8 @@ def check_part(plan: Plan, part: Part, inp: InputSettings) -> None:
                          f"({part.digest} -> {content.result()}); rerun the plan (snakemake --forcerun plan)")
     if rows != part.rows:
         raise ProofError(f"input `{part.path}` now has {rows} rows, the plan {part.rows}; rerun the plan")
+    if part.staged:
+        part.staged.check_content(part.path)
 
 
 def verified_row_groups(shard: ShardFile) -> Iterator[pa.Table]:

@@ -34,7 +34,6 @@ from shardinfer.errors import UserError
 from shardinfer.files import ShardFiles, staged_files
 from shardinfer.lease import Lease, acquire_device, default_wait_s
 from shardinfer.models import choose_device, choose_dtype
-from shardinfer.parts import iter_pieces
 from shardinfer.pipeline import Pipeline
 from shardinfer.plan import Plan, read_plan
 from shardinfer.progress import Progress
@@ -93,7 +92,7 @@ def keep_schema_of(settings: Settings, plan: Plan, shard: int) -> pa.Schema:
     shard's first rows (an empty shard: the first shard's with rows), so JSONL types come from the
     plan, not from another pass over the file; every part has the same types (`shardinfer.parts`)."""
     with_rows = shard if plan.pieces[shard] else next(k for k, pieces in enumerate(plan.pieces) if pieces)
-    _, first = next(iter_pieces(settings.input, plan.pieces[with_rows]))
+    _, first = next(plan.shard_rows(settings.input, with_rows))
     return pa.schema(list(first.schema)[len(settings.input.task_columns):])
 
 
@@ -130,7 +129,7 @@ def first_window(sort_window: int) -> int:
 
 def read_windows(job: ShardJob, plan: Plan) -> Iterator[tuple[int, pa.Table]]:
     size = job.settings.batch.sort_window
-    return windows(iter_pieces(job.settings.input, plan.pieces[job.shard]), size, first_window(size))
+    return windows(plan.shard_rows(job.settings.input, job.shard), size, first_window(size))
 
 
 def split_columns(item: tuple[int, pa.Table], task_columns: int) -> tuple[int, pa.Table, pa.Table]:

@@ -7,9 +7,10 @@ part's own rows that `shardinfer.tables` reads exactly as it reads a single-file
 span for CSV/JSONL, its row groups for Parquet). Shards may so span parts, and each part is read
 by the shards that hold its rows, not by all of them.
 
-Every part must give each read column one type, so that all shards write one schema: Parquet parts
-are compared from their footers before anything is read; CSV is all text; JSONL parts are typed
-together, so a field that only some parts carry is null in the others, as for rows of one file.
+Every read column gets one type over all parts, so that all shards write one schema: Parquet
+parts are typed together from their footers before anything is read (string and large_string
+give large_string, as writers differ), and read in those types; CSV is all text; JSONL parts are
+typed together, so a field that only some parts carry is null in the others, as for rows of one file.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
 from shardinfer.identity import digest_alongside
 from shardinfer.layout import input_parts
+from shardinfer.staging import Staged
 from shardinfer.tables import (NULLS_LISTED, FieldConflict, InputScan, Span, iter_range, jsonl_fields, merge_fields,
                                reading, scan_input)
 
@@ -48,9 +50,23 @@ class Part:
     size: int
     mtime_ns: int
     digest: str  # `sha256:<hex>` of its bytes when it was planned (shardinfer.identity)
+    staged: Staged | None = None  # the copy its shards read instead, if the plan made one (shardinfer.staging)
+
+    @property
+    def read_path(self) -> str:
+        """The file its shards read: its staged copy, or itself."""
+        return self.staged.path if self.staged else self.path
+
+    @classmethod
+    def from_json(cls, data: dict) -> Part:
+        staged = data.get("staged")
+        return cls(**{**data, "staged": staged and Staged(**staged)})
 
     def check_unchanged(self) -> None:
-        """Refuse a part that has disappeared, or has another size or mtime, since planning."""
+        """Refuse a part that has disappeared, or has another size or mtime, since planning; and the
+        same of its staged copy."""
+        if self.staged:
+            self.staged.check_unchanged(self.path)
         if not os.path.isfile(self.path):
             raise UserError(f"input `{self.path}` has disappeared since planning; rerun the plan")
         now, then = fingerprint(self.path), {"size": self.size, "mtime_ns": self.mtime_ns}
@@ -74,11 +90,28 @@ def one_file(inp: InputSettings, path: str) -> InputSettings:
     return dataclasses.replace(inp, path=path, parts=(path,))
 
 
-def iter_pieces(inp: InputSettings, pieces: tuple[Piece, ...]) -> Iterator[tuple[int, pa.RecordBatch]]:
-    """A shard's rows as (the input's row number of the batch's first row, batch), piece by piece."""
+def iter_pieces(inp: InputSettings, pieces: tuple[Piece, ...], fields: pa.Schema | None = None
+                ) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """A shard's rows as (the input's row number of the batch's first row, batch), piece by piece,
+    each from its part's staged copy where the plan made one. Parquet parts whose types differ are
+    cast to `fields`, the plan's types over all parts (`parquet_fields`)."""
+    cast = pa.schema([fields.field(c) for c in inp.read_columns]) if fields and inp.format == "parquet" else None
     for piece in pieces:
-        for first, batch in iter_range(one_file(inp, piece.part.path), piece.start, piece.end, piece.span):
-            yield piece.part.first_row + first, batch
+        for first, batch in iter_range(one_file(inp, piece.part.read_path), piece.start, piece.end, piece.span):
+            yield piece.part.first_row + first, batch if cast is None else _cast(batch, cast, piece.part.path)
+
+
+def _cast(batch: pa.RecordBatch, schema: pa.Schema, path: str) -> pa.RecordBatch:
+    """A Parquet part's batch in the types of all parts; a value the common type cannot hold exactly
+    (an int64 above 2**53 in a float column) is refused, naming the part and the column."""
+    columns = []
+    for column, field in zip(batch.columns, schema):
+        try:
+            columns.append(column.cast(field.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+            raise UserError(f"input `{path}`: column `{field.name}` does not fit {field.type}, the type the "
+                            f"parts share: {str(error).splitlines()[0]}") from None
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def check_same_parts(path: str, parts: tuple[Part, ...]) -> None:
@@ -100,7 +133,7 @@ class PartsScan:
     """The plan's scan of every part: each part as planned, its scan, and the JSONL fields."""
     parts: tuple[Part, ...]
     scans: tuple[InputScan, ...]
-    fields: pa.Schema | None  # JSONL: every field of every part, one type each
+    fields: pa.Schema | None  # JSONL: every field of every part, one type each; Parquet: see parquet_fields
 
     @property
     def rows(self) -> int:
@@ -135,9 +168,9 @@ class PartsScan:
 
 
 def scan_parts(inp: InputSettings) -> PartsScan:
-    """Scan every part in order, each with its content digest alongside, once the parts are known
-    to agree on the read columns' types."""
-    check_same_types(inp)
+    """Scan every part in order, each with its content digest alongside, once the parts' read
+    columns are typed together."""
+    unified = parquet_fields(inp)
     fields = fields_of_parts(inp.files) if inp.format == "jsonl" else None
     parts, scans, first_row = [], [], 0
     for path in inp.files:
@@ -145,7 +178,7 @@ def scan_parts(inp: InputSettings) -> PartsScan:
         parts.append(part)
         scans.append(scan)
         first_row += part.rows
-    return PartsScan(tuple(parts), tuple(scans), fields)
+    return PartsScan(tuple(parts), tuple(scans), fields or unified)
 
 
 def _scan_part(inp: InputSettings, first_row: int, fields: pa.Schema | None) -> tuple[Part, InputScan]:
@@ -171,18 +204,28 @@ def fields_of_parts(paths: tuple[str, ...]) -> pa.Schema:
     return fields
 
 
-def check_same_types(inp: InputSettings) -> None:
-    """Parquet parts give each read column one type (a shard's columns come from its parts, and
-    all shards must write one schema). A column missing from a part is named by its scan."""
+def parquet_fields(inp: InputSettings) -> pa.Schema | None:
+    """The read columns' types over all Parquet parts, from their footers before anything is read:
+    None when every part gives each column one type; else each column's one type that holds all
+    parts' values, as JSONL parts are typed (string and large_string give large_string, int32 and
+    int64 give int64, int and float give float, a dictionary its values' type); a column no one type
+    holds is refused. A column missing from a part is named by its scan."""
     if inp.format != "parquet":
-        return
+        return None
     seen: dict[str, tuple[str, pa.DataType]] = {}
+    fields, differ = pa.schema([]), False
     for path in inp.files:
-        for column, kind in _column_types(path, inp.read_columns).items():
+        types = _column_types(path, inp.read_columns)
+        for column, kind in types.items():
             first, before = seen.setdefault(column, (path, kind))
-            if kind != before:
+            differ |= kind != before
+            value_type = kind.value_type if pa.types.is_dictionary(kind) else kind  # categorical: its values
+            try:
+                fields = merge_fields(fields, pa.schema([pa.field(column, value_type)]))
+            except FieldConflict:
                 raise UserError(f"input `{path}`: column `{column}` holds {kind}, but `{first}` holds {before}; "
-                                "every part must give a column the same type")
+                                "every part must give a column types that one type holds") from None
+    return fields if differ else None
 
 
 def _column_types(path: str, columns: list[str]) -> dict[str, pa.DataType]:

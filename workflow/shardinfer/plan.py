@@ -5,12 +5,16 @@ imports torch and reads the input once, streaming, part by part (a single file i
 `shardinfer.parts`), each part's content digest computed alongside (`shardinfer.identity`). It
 records every part (path, first row, rows, size, mtime, digest) and, per shard, its pieces: the
 part rows it holds and, for CSV and JSONL, where they lie in the file (`tables.Span`: a byte
-offset to seek to, with its row and line), plus, for JSONL, the fields typed over all parts, so
-that a shard reads only its part of the input.
+offset to seek to, with its row and line), plus the read columns' types over all parts (JSONL
+fields; Parquet parts whose types differ), so that a shard reads only its part of the input. A
+part that shards could not read by range (a gzipped CSV/JSONL, a Parquet file of huge row groups)
+is copied once into the plan's staged folder so that they can (`shardinfer.staging`); the plan
+records the copy with its part.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -18,6 +22,7 @@ import re
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -25,13 +30,16 @@ import pyarrow as pa
 from shardinfer.atomic import write_json_atomic
 from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
-from shardinfer.parts import Part, PartsScan, Piece, check_same_parts, scan_parts
+from shardinfer.parts import Part, PartsScan, Piece, check_same_parts, iter_pieces, scan_parts
+from shardinfer.staging import local_ranges, stage_part, staged_name, wants_staging
 from shardinfer.tables import Span, fields_from_json, fields_to_json
 
 log = logging.getLogger(__name__)
 # 3: the input's content digest; 4: each shard's span (CSV/JSONL) and the JSONL fields;
-# 5: the input's parts (path, first row, rows, size, mtime, digest) and each shard's pieces of them
-PLAN_VERSION = 5
+# 5: the input's parts (path, first row, rows, size, mtime, digest) and each shard's pieces of them;
+# 6: each part's staged copy (path, size, mtime, digest) or null; `input.fields` (was jsonl_fields), for
+# Parquet parts of differing types too
+PLAN_VERSION = 6
 
 
 CHARS_PER_TOKEN = 4
@@ -79,11 +87,16 @@ class Plan:
     ranges: tuple[tuple[int, int], ...]
     costs: tuple[int, ...]  # estimated tokens per shard (COST_ESTIMATE)
     pieces: tuple[tuple[Piece, ...], ...]  # per shard, its rows in each part it overlaps
-    fields: pa.Schema | None = None  # JSONL: every field, typed over all parts
+    fields: pa.Schema | None = None  # JSONL: every field, typed over all parts; Parquet: parts.parquet_fields
 
     @property
     def shards(self) -> int:
         return len(self.ranges)
+
+    def shard_rows(self, inp: InputSettings, shard: int) -> Iterator[tuple[int, pa.RecordBatch]]:
+        """A shard's rows as (the input's row number of the batch's first row, batch), in the
+        plan's types over all parts."""
+        return iter_pieces(inp, self.pieces[shard], self.fields)
 
     def check_input_unchanged(self) -> None:
         """Refuse to use a plan whose input has changed since planning: a part added, removed or
@@ -93,9 +106,10 @@ class Plan:
             part.check_unchanged()
 
 
-def make_plan(inp: InputSettings, shards: int, max_length: int) -> Plan:
+def make_plan(inp: InputSettings, shards: int, max_length: int, staged_dir: str | None = None) -> Plan:
     """Scan the input and cut it into `shards` ranges of about equal estimated cost; an empty or
-    unusable input is refused."""
+    unusable input is refused. Parts that the shards could not read by range are staged into
+    `staged_dir` (`input.stage`; None: none is)."""
     scan = scan_parts(inp)
     check_rows(inp, scan)
     row_costs = estimated_tokens(scan.chars(), max_length)
@@ -104,8 +118,26 @@ def make_plan(inp: InputSettings, shards: int, max_length: int) -> Plan:
     body = {"input_path": inp.path, "parts": [asdict(part) for part in scan.parts], "rows": scan.rows,
             "ranges": ranges}
     plan_id = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+    if staged_dir is not None:
+        scan = dataclasses.replace(scan, parts=staged_parts(inp, scan.parts, list(ranges), staged_dir))
     return Plan(plan_id=plan_id, input_path=inp.path, parts=scan.parts, rows=scan.rows, ranges=ranges, costs=costs,
                 pieces=scan.pieces(list(ranges)), fields=scan.fields)
+
+
+def staged_parts(inp: InputSettings, parts: tuple[Part, ...], ranges: list[tuple[int, int]], folder: str
+                 ) -> tuple[Part, ...]:
+    """The parts, each with its staged copy in `folder` where its shards could not read it by range."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    staged = []
+    for position, part in enumerate(parts):
+        held = local_ranges(part.first_row, part.rows, ranges)
+        if wants_staging(inp, part.path, part.rows, part.size, held):
+            target = Path(folder) / staged_name(position, inp.format)
+            part = dataclasses.replace(part, staged=stage_part(inp, part.path, part.digest, held, target))
+            log.info("staged %s as %s (%d bytes), for its %d shards to read by range", part.path,
+                     part.staged.path, part.staged.size, len(held))
+        staged.append(part)
+    return tuple(staged)
 
 
 def check_rows(inp: InputSettings, scan: PartsScan) -> None:
@@ -121,13 +153,14 @@ def check_rows(inp: InputSettings, scan: PartsScan) -> None:
 
 
 def write_plan(plan: Plan, path: str) -> None:
-    """The plan file. Each part is {path, first_row, rows, size, mtime_ns, digest}; each shard's
+    """The plan file. Each part is {path, first_row, rows, size, mtime_ns, digest, staged: null or
+    its copy's {path, size, mtime_ns, digest}}; each shard's
     pieces are {part (its position in `input.parts`), start, end (the part's own row numbers),
     span}. A CSV/JSONL piece's `span` is {row, line, byte, stop_byte}: parse from `byte` (where the
     part's row `row` and line `line` begin) and stop reading at `stop_byte` (null: the end); the
-    JSONL fields are written once, under `input.jsonl_fields`."""
+    JSONL fields (or the types of Parquet parts that differ) are written once, under `input.fields`."""
     position = {part.path: k for k, part in enumerate(plan.parts)}
-    fields = {"jsonl_fields": fields_to_json(plan.fields)} if plan.fields is not None else {}
+    fields = {"fields": fields_to_json(plan.fields)} if plan.fields is not None else {}
     write_json_atomic(
         path,
         {
@@ -149,8 +182,8 @@ def read_plan(path: str) -> Plan:
     if data.get("version") != PLAN_VERSION:
         raise UserError(f"plan `{path}` has version {data.get('version')!r}, expected {PLAN_VERSION}; rerun the plan")
     shards = data["shards"]
-    fields = fields_from_json(data["input"]["jsonl_fields"]) if "jsonl_fields" in data["input"] else None
-    parts = tuple(Part(**part) for part in data["input"]["parts"])
+    fields = fields_from_json(data["input"]["fields"]) if "fields" in data["input"] else None
+    parts = tuple(Part.from_json(part) for part in data["input"]["parts"])
 
     def piece(entry: dict) -> Piece:
         span = entry["span"] and Span.from_json(entry["span"], fields)
@@ -197,9 +230,9 @@ def _numbered(folder: str, pattern: str) -> list[tuple[int, Path]]:
 
 
 def run_plan(inp: InputSettings, shards: int, max_length: int, plan_path: str, shard_dir: str | None = None,
-             files_dir: str | None = None) -> Plan:
-    """The plan rule: scan, cut, write; logs the ranges."""
-    plan = make_plan(inp, shards, max_length)
+             files_dir: str | None = None, staged_dir: str | None = None) -> Plan:
+    """The plan rule: scan, cut, stage, write; logs the ranges."""
+    plan = make_plan(inp, shards, max_length, staged_dir)
     if shard_dir is not None:
         remove_stale_shards(shard_dir, shards, files_dir)
     write_plan(plan, plan_path)

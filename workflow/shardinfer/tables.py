@@ -8,10 +8,11 @@ CSV and JSONL are read in blocks of whole records (BLOCK_BYTES each, cut by this
 Arrow: a CSV value may hold a quoted newline). The plan's scan marks where each block starts
 (row, line, byte); a shard then seeks to the last mark at or before its first row and stops at
 the first mark after its last (`Span`), so all shards together read the file about once. A
-compressed file cannot seek: each shard decompresses it from the start and drops the bytes
-before its span (decompressing only; nothing before the span is parsed). Parquet shards read
-only their row groups; inside one row group Arrow (26) offers no row range, so a shard streams
-the group's pages from its start up to its last row.
+compressed file cannot seek: read in place, a shard decompresses it from the start and drops
+the bytes before its span (decompressing only; nothing before the span is parsed). Parquet shards
+read only their row groups; inside one row group Arrow (26) offers no row range, so a shard
+streams the group's pages from its start up to its last row. Where either would make the shards
+read a part many times over, the plan stages a copy they can read by range (`shardinfer.staging`).
 """
 
 from __future__ import annotations
@@ -86,6 +87,14 @@ def reading(path: str, fmt: str) -> Iterator[None]:
     except (pa.ArrowException, OSError, ValueError) as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise UserError(f"input `{path}`: cannot read it as {fmt}: {first_line}") from error
+
+
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".lz4", ".zst")  # what Arrow decompresses by the name (pa.input_stream)
+
+
+def compressed(path: str) -> bool:
+    """Whether Arrow reads the file through a decompressor (so it cannot seek), as its name says."""
+    return path.endswith(COMPRESSED_SUFFIXES)
 
 
 @contextmanager
@@ -342,7 +351,7 @@ def _text_batches(inp: InputSettings, columns: list[str], span: Span | None) -> 
             row += batch.num_rows
 
 
-def _parquet_batches(path: str, columns: list[str], row_groups: list[int] | None = None) -> Iterator[pa.RecordBatch]:
+def parquet_batches(path: str, columns: list[str], row_groups: list[int] | None = None) -> Iterator[pa.RecordBatch]:
     """Pages streamed through a small buffer (no pre-buffering of whole column chunks): a shard that
     stops early in one huge row group has read the group only up to there, in bounded memory."""
     file = pq.ParquetFile(path, buffer_size=BLOCK_BYTES, pre_buffer=False)
@@ -370,7 +379,7 @@ def _marked_batches(inp: InputSettings, row_groups: list[int] | None = None, spa
     columns = inp.read_columns
     with reading(inp.path, inp.format):
         if inp.format == "parquet":
-            marked = ((None, batch) for batch in _parquet_batches(inp.path, columns, row_groups))
+            marked = ((None, batch) for batch in parquet_batches(inp.path, columns, row_groups))
         else:
             marked = _text_batches(inp, columns, span)
         for mark, batch in marked:

@@ -23,7 +23,6 @@ import pyarrow.parquet as pq
 from shardinfer.atomic import atomic_parquet_writer
 from shardinfer.config import Settings
 from shardinfer.errors import UserError
-from shardinfer.parts import iter_pieces
 from shardinfer.plan import Plan, read_plan
 from shardinfer.shardfile import INDEX_COLUMN
 from shardinfer.tables import text_values, windows
@@ -109,7 +108,7 @@ def run_tokenize(job: TokenizeJob) -> int:
     rows, tokens, truncated, started = 0, 0, 0, time.perf_counter()
     with atomic_parquet_writer(job.output, schema) as writer:
         text_only = dataclasses.replace(settings.input, keep_columns=())  # keep columns are the shard job's
-        for first, table in windows(iter_pieces(text_only, plan.pieces[job.shard]), settings.batch.sort_window):
+        for first, table in windows(plan.shard_rows(text_only, job.shard), settings.batch.sort_window):
             window = tokenize_window(encoder, first, table, settings.input.null_text == "empty")
             writer.write_table(tokens_table(window, schema))
             rows, tokens = rows + len(window.ids), tokens + sum(map(len, window.ids))

@@ -186,7 +186,10 @@ class Custom(Task):
                 return matrix_to_list_array(values)
             values = values.tolist()
         values = values if isinstance(values, np.ndarray) else list(values)
-        if pa.types.is_integer(kind) and not isinstance(values, np.ndarray):
+        inner = kind
+        while pa.types.is_list(inner):
+            inner = inner.value_type
+        if pa.types.is_integer(inner) and not isinstance(values, np.ndarray):
             self.refuse_fractions(name, spec, values, index)
         try:
             return pa.array(values, type=kind)
@@ -203,11 +206,25 @@ class Custom(Task):
                             f"do not convert to it: {first_line:.200}") from error
 
     def refuse_fractions(self, name: str, spec: str, values: list, index: np.ndarray) -> None:
-        """Arrow turns a Python float into an integer silently (1.5 -> 1); an array it refuses."""
+        """Arrow turns a float into an integer silently (1.5 -> 1), in a list too; a whole array of
+        floats it refuses."""
         for value, row in zip(values, index.tolist()):
-            if isinstance(value, (float, np.floating)) and not float(value).is_integer():
+            fraction = _first_fraction(value)
+            if fraction is not None:
                 raise UserError(f"model.entrypoint `{self.entrypoint}`: row {row}: column `{name}` is declared "
-                                f"{spec} but got {value!r:.60} (not a whole number)")
+                                f"{spec} but got {fraction!r:.60} (not a whole number)")
+
+
+def _first_fraction(value: Any) -> Any:
+    """The first float that is not a whole number in a value or (nested) list of them; None if none."""
+    if isinstance(value, np.ndarray):
+        bad = value[~np.equal(np.mod(value, 1), 0)] if value.dtype.kind == "f" else value[:0]
+        return bad.flat[0].item() if bad.size else None
+    if isinstance(value, (list, tuple)):
+        return next((found for item in value if (found := _first_fraction(item)) is not None), None)
+    if isinstance(value, (float, np.floating)) and not float(value).is_integer():
+        return float(value)
+    return None
 
 
 def _value_count(values: Any) -> int | None:

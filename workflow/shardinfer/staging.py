@@ -1,0 +1,181 @@
+"""Staged copies: the parts that shards cannot read by their range alone, rewritten once by the plan.
+
+Two kinds of part cannot be read in part, so that 64 shards over one of them read it about 32 times:
+
+- a compressed CSV or JSONL file (.gz, .bz2, .lz4, .zst) cannot seek: each shard would
+  decompress it from the start up to its span;
+- a Parquet file with a row group that holds rows of several shards (pandas and many exporters
+  write one huge group): pyarrow (26) reads no row range inside a row group (apache/arrow#45284),
+  so each shard would read the group from its start up to its last row.
+
+The plan rule copies such a part into its `staged` folder (`results/staged/`, a declared output of
+the rule, so a replan replaces it): a compressed file decompressed byte for byte (the plan's spans
+are offsets in the decompressed bytes already), a Parquet file rewritten with only the columns the
+shards read and a row group boundary at every shard boundary. The shards read the copy; all of
+them together then read it about once.
+
+`input.stage` says when: `auto` (the default) stages a part when its shards would read more than
+STAGE_RATIO times its rows and at least STAGE_MIN_BYTES more than the file; `always` whenever they
+would read more than its rows; `never` reads every part in place.
+
+The copy is proven as the input is: it is written while the part's content digest is computed
+alongside, and refused unless that is the planned digest; the plan records the copy's path, size,
+mtime and SHA-256; a shard job refuses a copy of another size or mtime, and gather one whose bytes
+are not those recorded.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from shardinfer.atomic import atomic_parquet_writer, atomic_path
+from shardinfer.config import InputSettings
+from shardinfer.errors import ProofError, UserError
+from shardinfer.identity import CHUNK_BYTES, DIGEST_ALGORITHM, digest_alongside, file_digest
+from shardinfer.tables import compressed, parquet_batches, reading
+
+STAGE_MODES = ("auto", "always", "never")
+STAGE_RATIO = 1.2  # auto: stage when the shards would read more than this many times the part's rows
+STAGE_MIN_BYTES = 64 << 20  # ... and at least this much more than the part's file
+GROUP_BYTES = 64 << 20  # a staged row group's Arrow size at most (memory while writing), inside one shard
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A part's staged copy as planned: what the shards read instead of the part."""
+    path: str
+    size: int
+    mtime_ns: int
+    digest: str  # `sha256:<hex>` of the copy's bytes
+
+    def check_unchanged(self, part: str) -> None:
+        """Refuse a copy that has disappeared, or has another size or mtime, since planning."""
+        if not os.path.isfile(self.path):
+            raise UserError(f"staged copy `{self.path}` of input `{part}` has disappeared since planning; "
+                            "rerun the plan (snakemake --forcerun plan)")
+        stat = os.stat(self.path)
+        if (stat.st_size, stat.st_mtime_ns) != (self.size, self.mtime_ns):
+            raise UserError(f"staged copy `{self.path}` of input `{part}` changed since planning; "
+                            "rerun the plan (snakemake --forcerun plan)")
+
+    def check_content(self, part: str) -> None:
+        """Refuse a copy whose bytes are not those the plan wrote (gather: read once, hashed)."""
+        found = file_digest(self.path)
+        if found != self.digest:
+            raise ProofError(f"staged copy `{self.path}` of input `{part}` changed since planning: other content "
+                            f"({self.digest} -> {found}); rerun the plan (snakemake --forcerun plan)")
+
+
+def local_ranges(first_row: int, rows: int, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The shards' ranges that overlap a part, in the part's own row numbers (empty ones left out)."""
+    clipped = ((max(start, first_row) - first_row, min(end, first_row + rows) - first_row) for start, end in ranges)
+    return [(lo, hi) for lo, hi in clipped if lo < hi]
+
+
+def rows_read(held: list[tuple[int, int]], group_starts: list[int] | None, seekable: bool) -> int:
+    """Rows the shards would read of a part in place, `held` being their ranges in it: a compressed
+    file from its start to each range's end; a Parquet file from the start of the row group that
+    holds a range's first row (`group_starts`, ascending from 0); a seekable CSV/JSONL file its ranges."""
+    if not seekable:
+        return sum(hi for _, hi in held)
+    if group_starts is None:
+        return sum(hi - lo for lo, hi in held)
+    return sum(hi - group_starts[bisect.bisect_right(group_starts, lo) - 1] for lo, hi in held)
+
+
+def should_stage(mode: str, rows: int, size: int, read: int) -> bool:
+    """Whether to stage a part of `rows` rows and `size` bytes that its shards would read `read` rows of."""
+    if mode == "never" or read <= rows:
+        return False
+    extra_bytes = size * (read - rows) / rows
+    return mode == "always" or (read > STAGE_RATIO * rows and extra_bytes >= STAGE_MIN_BYTES)
+
+
+def group_starts(path: str) -> list[int]:
+    """The first row of each of a Parquet file's row groups, from its footer."""
+    with reading(path, "parquet"):
+        metadata = pq.ParquetFile(path).metadata
+    starts, row = [], 0
+    for group in range(metadata.num_row_groups):
+        starts.append(row)
+        row += metadata.row_group(group).num_rows
+    return starts or [0]
+
+
+def wants_staging(inp: InputSettings, path: str, rows: int, size: int, held: list[tuple[int, int]]) -> bool:
+    """Whether a part (`rows` rows, `size` bytes) should be staged for shards reading `held` of it."""
+    if inp.stage == "never" or not held:
+        return False
+    starts = group_starts(path) if inp.format == "parquet" else None
+    seekable = inp.format == "parquet" or not compressed(path)
+    return should_stage(inp.stage, rows, size, rows_read(held, starts, seekable))
+
+
+def stage_part(inp: InputSettings, path: str, digest: str, held: list[tuple[int, int]], target: Path) -> Staged:
+    """Copy a part for its shards (`held`: their ranges in it) to `target`, proving that the bytes
+    copied are the planned ones (`digest`)."""
+    with digest_alongside(path) as content:
+        if inp.format == "parquet":
+            _parquet_copy(inp, path, [hi for _, hi in held], target)
+            copy_digest = file_digest(str(target))
+        else:
+            copy_digest = _decompressed_copy(inp, path, target)
+    if content.result() != digest:
+        target.unlink(missing_ok=True)
+        raise UserError(f"input `{path}` changed while it was being staged; rerun the plan once it is complete")
+    stat = target.stat()
+    return Staged(str(target), stat.st_size, stat.st_mtime_ns, copy_digest)
+
+
+def staged_name(position: int, fmt: str) -> str:
+    """The copy of the input's part number `position` (from 0): `00003.parquet`, `00003.csv`, ..."""
+    return f"{position:05d}.{fmt}"
+
+
+def _decompressed_copy(inp: InputSettings, path: str, target: Path) -> str:
+    """The part's bytes decompressed into `target`; returns their digest."""
+    hasher = hashlib.new(DIGEST_ALGORITHM)
+    with reading(path, inp.format), atomic_path(target) as tmp, pa.input_stream(path) as source, \
+            open(tmp, "wb") as sink:
+        while chunk := source.read(CHUNK_BYTES):
+            hasher.update(chunk)
+            sink.write(chunk)
+    return f"{DIGEST_ALGORITHM}:{hasher.hexdigest()}"
+
+
+def _parquet_copy(inp: InputSettings, path: str, ends: list[int], target: Path) -> None:
+    """The part's read columns rewritten into `target`, a row group ending at each of `ends` (the
+    shards' last rows in it, ascending) and wherever GROUP_BYTES would be passed."""
+    columns = list(dict.fromkeys(inp.read_columns))  # a kept text column is read twice, stored once
+    with reading(path, inp.format):
+        schema = pq.ParquetFile(path).schema_arrow
+        with atomic_parquet_writer(target, pa.schema([schema.field(c) for c in columns])) as writer:
+            for group in _row_groups(parquet_batches(path, columns), ends):
+                writer.write_table(group, row_group_size=group.num_rows)
+
+
+def _row_groups(batches: Iterator[pa.RecordBatch], ends: list[int]) -> Iterator[pa.Table]:
+    """The batches regrouped into tables that never cross one of `ends`, each ending too once it
+    holds GROUP_BYTES (checked batch by batch: a table may pass it by one batch)."""
+    pending, pending_bytes, row, cut = [], 0, 0, 0
+    for batch in batches:
+        while batch.num_rows:
+            while cut < len(ends) and ends[cut] <= row:
+                cut += 1
+            take = min(batch.num_rows, ends[cut] - row) if cut < len(ends) else batch.num_rows
+            pending.append(batch.slice(0, take))
+            pending_bytes += pending[-1].nbytes
+            batch, row = batch.slice(take), row + take
+            if (cut < len(ends) and row == ends[cut]) or pending_bytes >= GROUP_BYTES:
+                yield pa.Table.from_batches(pending)
+                pending, pending_bytes = [], 0
+    if pending:
+        yield pa.Table.from_batches(pending)
