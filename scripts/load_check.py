@@ -282,9 +282,8 @@ def measured(figures: dict, name: str, function, *args):
 
 
 def read_all_shards(settings, plan) -> None:
-    from shardinfer.parts import iter_pieces
-
-    rows = sum(batch.num_rows for pieces in plan.pieces for _, batch in iter_pieces(settings, pieces))
+    """Every shard's rows, one shard after another, as the shard jobs read them."""
+    rows = sum(batch.num_rows for shard in range(plan.shards) for _, batch in plan.shard_rows(settings, shard))
     assert rows == plan.rows, (rows, plan.rows)
 
 
@@ -294,6 +293,7 @@ def read_like_the_shards(path: Path, shards: int) -> dict:
     or its row groups; from the staged copy if any); bytes read (page cache included) and seconds.
     A staged file is also read in place, all shards, as it would be without its copy."""
     import dataclasses
+    import shutil
 
     from shardinfer.plan import make_plan
 
@@ -308,9 +308,9 @@ def read_like_the_shards(path: Path, shards: int) -> dict:
         in_place = dataclasses.replace(in_place, pieces=tuple(
             tuple(dataclasses.replace(piece, part=in_place.parts[0]) for piece in pieces) for pieces in plan.pieces))
         measured(figures, "in_place", read_all_shards, settings, in_place)
-        Path(staged.path).unlink()
     else:
         measured(figures, "unspanned", read_last_from_the_start, settings, plan)
+    shutil.rmtree(path.parent / f"staged-{path.name}")
     return figures
 
 

@@ -62,7 +62,9 @@ def test_a_fraction_for_an_integer_column_names_the_row_or_the_column():
     refused(lambda: task.to_arrow({"n": [2.0, 1.5]}, np.array([7, 8])), r"row 8: .* got 1\.5 \(not a whole number\)")
     assert task.to_arrow({"n": [2.0, None, 3]}, np.arange(3))[0].to_pylist() == [2, None, 3]
     refused(lambda: task.typed("n", "list<int64>", [[1], "x"], np.array([3, 4])), r"row 4: column `n`")
-    for nested in ([[1], [2.0, 2.5]], [[1], np.array([2.0, 2.5])], np.array([[1.0], [2.5]])):  # in lists too
+    ragged = np.empty(2, dtype=object)
+    ragged[:] = [[1], [2, 2.5]]
+    for nested in ([[1], [2.0, 2.5]], [[1], np.array([2.0, 2.5])], np.array([[1.0], [2.5]]), ragged):  # in lists too
         refused(lambda: task.typed("n", "list<int64>", nested, np.array([3, 4])), r"row 4: .* got 2\.5 \(not a whole")
     refused(lambda: task.typed("n", "list<list<int64>>", [[[1]], [[0.5]]], np.array([3, 4])), r"row 4: .* got 0\.5")
     assert task.typed("n", "list<int64>", [[1.0], np.array([2.0, 3.0])], np.array([3, 4])).to_pylist() == [[1], [2, 3]]

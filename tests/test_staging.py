@@ -87,8 +87,9 @@ def test_shards_read_their_rows_from_the_staged_copy(tmp_path, name):
            for pieces in plan.pieces]
     assert got == [frame["id"].tolist()[start:end] for start, end in plan.ranges]
     recorded = json.loads((tmp_path / "plan.json").read_text())["input"]["parts"][0]["staged"]
+    columns = ["text", "id", "gold"] if name.endswith(".parquet") else None  # a text copy: the whole part
     assert recorded == {"path": staged.path, "size": os.path.getsize(staged.path),
-                        "mtime_ns": os.stat(staged.path).st_mtime_ns, "digest": staged.digest}
+                        "mtime_ns": os.stat(staged.path).st_mtime_ns, "digest": staged.digest, "columns": columns}
 
 
 def test_a_gzipped_copy_is_the_decompressed_bytes_so_the_plans_spans_hold(tmp_path):
@@ -177,3 +178,40 @@ def test_a_part_that_is_not_the_planned_one_when_staged_is_refused_and_no_copy_i
     with pytest.raises(UserError, match=r"^input `.*in.csv.gz` changed while it was being staged; rerun the plan"):
         stage_part(input_settings(path), str(path), "sha256:planned", [(0, 25), (25, 50)], target)
     assert not target.exists() and list(target.parent.iterdir()) == []
+
+
+def test_a_parquet_copy_made_for_other_columns_is_refused_when_read(tmp_path):
+    """A plan from before keep_columns changed (Snakemake replans on it unless its params trigger is off)."""
+    inp, plan, _ = staged_input(tmp_path, "in.parquet")
+    wider = dataclasses.replace(inp, keep_columns=("id", "gold", "extra"))
+    with pytest.raises(UserError, match=r"^staged copy `.*00000.parquet` of input `.*in.parquet` holds the columns "
+                                        r"\['text', 'id', 'gold'\], not `extra`; rerun the plan"):
+        list(plan.shard_rows(wider, 0))
+
+
+def test_a_copy_that_cannot_be_written_is_named_as_such_not_as_the_input(tmp_path):
+    path = gzipped(input_frame(50), tmp_path / "in.csv.gz")
+    (tmp_path / "staged").write_text("a file where the folder goes")
+    with pytest.raises(UserError, match=r"^cannot write the staged copy `.*staged/00000.csv`: "):
+        stage_part(input_settings(path), str(path), "sha256:any", [(0, 25), (25, 50)], tmp_path / "staged" / "00000.csv")
+
+
+def test_a_part_replaced_while_it_is_staged_is_refused(tmp_path, monkeypatch):
+    """The digest thread and the copier open the part apart: a file renamed over it in between is
+    caught by its inode, though the digest read the planned bytes."""
+    inp, plan, _ = staged_input(tmp_path, "in.csv.gz")
+    part, real = plan.parts[0], staging._decompressed_copy
+
+    def replaced_meanwhile(*args):
+        digest = real(*args)
+        stat = os.stat(part.path)
+        Path(part.path + ".new").write_bytes(Path(part.path).read_bytes())
+        os.replace(part.path + ".new", part.path)
+        os.utime(part.path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        return digest
+
+    monkeypatch.setattr(staging, "_decompressed_copy", replaced_meanwhile)
+    target = tmp_path / "again" / "00000.csv"
+    with pytest.raises(UserError, match=r"changed while it was being staged"):
+        stage_part(inp, part.path, part.digest, [(0, 500), (500, 1000)], target)
+    assert not target.exists()

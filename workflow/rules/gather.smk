@@ -1,6 +1,7 @@
 rule gather:
     input:
         plan=rules.plan.output.plan,
+        staged=rules.plan.output.staged,  # their digests are checked
         # Input functions, not lists: beside a `rules.plan` input, Snakemake hashes a named list
         # once per item (shards x shards: 12 s of the dry run at 10,000 shards).
         shards=shard_files,

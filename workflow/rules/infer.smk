@@ -4,6 +4,9 @@ rule infer:
         # Not the input's files: the plan stands for them (a changed input replans, and a newer
         # plan reruns the shards), and listing every part in every shard job costs parts x shards.
         plan=rules.plan.output.plan,
+        # The copies the shards read of parts they cannot read by range (often none): a folder
+        # deleted by hand replans instead of failing the shards.
+        staged=rules.plan.output.staged,
     output:
         **SHARD_FILES_OUTPUT,
         shard=SHARD_FILE,

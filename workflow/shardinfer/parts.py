@@ -8,9 +8,10 @@ span for CSV/JSONL, its row groups for Parquet). Shards may so span parts, and e
 by the shards that hold its rows, not by all of them.
 
 Every read column gets one type over all parts, so that all shards write one schema: Parquet
-parts are typed together from their footers before anything is read (string and large_string
-give large_string, as writers differ), and read in those types; CSV is all text; JSONL parts are
-typed together, so a field that only some parts carry is null in the others, as for rows of one file.
+parts are typed together from their footers before anything is read, by exact widening only
+(string and large_string give large_string, int32 and int64 give int64: writers differ), and read
+in those types; CSV is all text; JSONL parts are typed together, so a field that only some parts
+carry is null in the others, as for rows of one file.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class Part:
     @classmethod
     def from_json(cls, data: dict) -> Part:
         staged = data.get("staged")
-        return cls(**{**data, "staged": staged and Staged(**staged)})
+        return cls(**{**data, "staged": staged and Staged.from_json(staged)})
 
     def check_unchanged(self) -> None:
         """Refuse a part that has disappeared, or has another size or mtime, since planning; and the
@@ -97,21 +98,17 @@ def iter_pieces(inp: InputSettings, pieces: tuple[Piece, ...], fields: pa.Schema
     cast to `fields`, the plan's types over all parts (`parquet_fields`)."""
     cast = pa.schema([fields.field(c) for c in inp.read_columns]) if fields and inp.format == "parquet" else None
     for piece in pieces:
+        if piece.part.staged:
+            piece.part.staged.check_holds(inp.read_columns, piece.part.path)
         for first, batch in iter_range(one_file(inp, piece.part.read_path), piece.start, piece.end, piece.span):
-            yield piece.part.first_row + first, batch if cast is None else _cast(batch, cast, piece.part.path)
+            yield piece.part.first_row + first, batch if cast is None else _cast(batch, cast)
 
 
-def _cast(batch: pa.RecordBatch, schema: pa.Schema, path: str) -> pa.RecordBatch:
-    """A Parquet part's batch in the types of all parts; a value the common type cannot hold exactly
-    (an int64 above 2**53 in a float column) is refused, naming the part and the column."""
-    columns = []
-    for column, field in zip(batch.columns, schema):
-        try:
-            columns.append(column.cast(field.type))
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
-            raise UserError(f"input `{path}`: column `{field.name}` does not fit {field.type}, the type the "
-                            f"parts share: {str(error).splitlines()[0]}") from None
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
+def _cast(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """A Parquet part's batch in the types of all parts: a widening, which holds every value exactly
+    (`common_type`). By position: a kept text column is read twice under one name."""
+    return pa.RecordBatch.from_arrays([column.cast(field.type) for column, field in zip(batch.columns, schema)],
+                                      schema=schema)
 
 
 def check_same_parts(path: str, parts: tuple[Part, ...]) -> None:
@@ -206,26 +203,58 @@ def fields_of_parts(paths: tuple[str, ...]) -> pa.Schema:
 
 def parquet_fields(inp: InputSettings) -> pa.Schema | None:
     """The read columns' types over all Parquet parts, from their footers before anything is read:
-    None when every part gives each column one type; else each column's one type that holds all
-    parts' values, as JSONL parts are typed (string and large_string give large_string, int32 and
-    int64 give int64, int and float give float, a dictionary its values' type); a column no one type
-    holds is refused. A column missing from a part is named by its scan."""
+    None when every part gives each column one type; else each column's type that holds every
+    part's values exactly (`common_type`); a column no such type holds is refused. A column missing
+    from a part is named by its scan."""
     if inp.format != "parquet":
         return None
-    seen: dict[str, tuple[str, pa.DataType]] = {}
-    fields, differ = pa.schema([]), False
+    found: dict[str, list[tuple[str, pa.DataType]]] = {}
     for path in inp.files:
-        types = _column_types(path, inp.read_columns)
-        for column, kind in types.items():
-            first, before = seen.setdefault(column, (path, kind))
-            differ |= kind != before
-            value_type = kind.value_type if pa.types.is_dictionary(kind) else kind  # categorical: its values
-            try:
-                fields = merge_fields(fields, pa.schema([pa.field(column, value_type)]))
-            except FieldConflict:
-                raise UserError(f"input `{path}`: column `{column}` holds {kind}, but `{first}` holds {before}; "
-                                "every part must give a column types that one type holds") from None
-    return fields if differ else None
+        for column, kind in _column_types(path, inp.read_columns).items():
+            found.setdefault(column, []).append((path, kind))
+    fields = [pa.field(column, _one_type(column, types)) for column, types in found.items()]
+    differ = any(kind != field.type for field in fields for _, kind in found[field.name])
+    return pa.schema(fields) if differ else None
+
+
+def _one_type(column: str, types: list[tuple[str, pa.DataType]]) -> pa.DataType:
+    """The one type of a column that the parts give these (part, type) pairs, in part order."""
+    merged = types[0][1]
+    for k, (path, kind) in enumerate(types[1:], start=1):
+        widened = common_type(merged, kind)
+        if widened is None:
+            first, before = next(((p, t) for p, t in types[:k] if common_type(t, kind) is None), types[0])
+            raise UserError(f"input `{path}`: column `{column}` holds {kind}, but `{first}` holds {before}; every "
+                            "part must give a column types that one type holds exactly (string and large_string, "
+                            "integers of one sign, floats, a dictionary and its values, null)")
+        merged = widened
+    return merged
+
+
+def common_type(one: pa.DataType, other: pa.DataType) -> pa.DataType | None:
+    """The type that holds the values of both exactly, by widening only (writers differ: Spark writes
+    string and int32 where pandas writes large_string and int64; a categorical is a dictionary);
+    None when there is none (numbers and text, signed and unsigned, int and float, other units)."""
+    one, other = (t.value_type if pa.types.is_dictionary(t) else t for t in (one, other))
+    if one == other or pa.types.is_null(other):
+        return one
+    if pa.types.is_null(one):
+        return other
+    for family in ((pa.string(), pa.large_string()), (pa.binary(), pa.large_binary())):
+        if one in family and other in family:
+            return family[1]
+    for same_kind in (pa.types.is_signed_integer, pa.types.is_unsigned_integer, pa.types.is_floating):
+        if same_kind(one) and same_kind(other):
+            return max(one, other, key=lambda t: t.bit_width)
+    if _is_list(one) and _is_list(other):
+        values = common_type(one.value_type, other.value_type)
+        large = pa.types.is_large_list(one) or pa.types.is_large_list(other)
+        return values and (pa.large_list(values) if large else pa.list_(values))
+    return None
+
+
+def _is_list(kind: pa.DataType) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind)
 
 
 def _column_types(path: str, columns: list[str]) -> dict[str, pa.DataType]:

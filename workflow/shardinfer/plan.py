@@ -100,7 +100,8 @@ class Plan:
 
     def check_input_unchanged(self) -> None:
         """Refuse to use a plan whose input has changed since planning: a part added, removed or
-        renamed (the input resolved again), or one of another size or mtime."""
+        renamed (the input resolved again), or one of another size or mtime; or a staged copy
+        removed or of another size or mtime."""
         check_same_parts(self.input_path, self.parts)
         for part in self.parts:
             part.check_unchanged()

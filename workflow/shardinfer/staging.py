@@ -29,6 +29,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -42,7 +43,6 @@ from shardinfer.errors import ProofError, UserError
 from shardinfer.identity import CHUNK_BYTES, DIGEST_ALGORITHM, digest_alongside, file_digest
 from shardinfer.tables import compressed, parquet_batches, reading
 
-STAGE_MODES = ("auto", "always", "never")
 STAGE_RATIO = 1.2  # auto: stage when the shards would read more than this many times the part's rows
 STAGE_MIN_BYTES = 64 << 20  # ... and at least this much more than the part's file
 GROUP_BYTES = 64 << 20  # a staged row group's Arrow size at most (memory while writing), inside one shard
@@ -55,6 +55,20 @@ class Staged:
     size: int
     mtime_ns: int
     digest: str  # `sha256:<hex>` of the copy's bytes
+    columns: tuple[str, ...] | None = None  # a Parquet copy's columns; None: all of the part (a text copy)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Staged:
+        columns = data.get("columns")
+        return cls(**{**data, "columns": None if columns is None else tuple(columns)})
+
+    def check_holds(self, columns: list[str], part: str) -> None:
+        """Refuse a Parquet copy made for other columns than the run reads (a plan from before
+        `keep_columns` changed, which Snakemake reruns unless its params trigger is off)."""
+        missing = [column for column in columns if self.columns is not None and column not in self.columns]
+        if missing:
+            raise UserError(f"staged copy `{self.path}` of input `{part}` holds the columns {list(self.columns)}, "
+                            f"not `{missing[0]}`; rerun the plan (snakemake --forcerun plan)")
 
     def check_unchanged(self, part: str) -> None:
         """Refuse a copy that has disappeared, or has another size or mtime, since planning."""
@@ -121,18 +135,43 @@ def wants_staging(inp: InputSettings, path: str, rows: int, size: int, held: lis
 
 def stage_part(inp: InputSettings, path: str, digest: str, held: list[tuple[int, int]], target: Path) -> Staged:
     """Copy a part for its shards (`held`: their ranges in it) to `target`, proving that the bytes
-    copied are the planned ones (`digest`)."""
-    with digest_alongside(path) as content:
+    copied are the planned ones: its digest, computed alongside, is `digest`, and the file was not
+    replaced meanwhile (the same inode, size and mtime before and after)."""
+    before = _stamp(path)
+    columns = None
+    with digest_alongside(path) as content, _writing(target):
         if inp.format == "parquet":
-            _parquet_copy(inp, path, [hi for _, hi in held], target)
+            columns = _parquet_copy(inp, path, [hi for _, hi in held], target)
             copy_digest = file_digest(str(target))
         else:
             copy_digest = _decompressed_copy(inp, path, target)
-    if content.result() != digest:
+    if content.result() != digest or _stamp(path) != before:
         target.unlink(missing_ok=True)
         raise UserError(f"input `{path}` changed while it was being staged; rerun the plan once it is complete")
     stat = target.stat()
-    return Staged(str(target), stat.st_size, stat.st_mtime_ns, copy_digest)
+    return Staged(str(target), stat.st_size, stat.st_mtime_ns, copy_digest, columns)
+
+
+def _stamp(path: str) -> tuple[int, int, int]:
+    stat = os.stat(path)
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
+@contextmanager
+def _writing(target: Path) -> Iterator[None]:
+    """A fault writing the copy (a full disk) named as such, not as the input's."""
+    try:
+        yield
+    except (OSError, pa.ArrowException) as error:
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise UserError(f"cannot write the staged copy `{target}`: {first_line}") from error
+
+
+def _read(path: str, fmt: str, items: Iterator) -> Iterator:
+    """`items`, a reader of the input, with its faults named as the input's (`tables.reading`); the
+    consumer's own faults pass through unchanged."""
+    with reading(path, fmt):
+        yield from items
 
 
 def staged_name(position: int, fmt: str) -> str:
@@ -143,23 +182,29 @@ def staged_name(position: int, fmt: str) -> str:
 def _decompressed_copy(inp: InputSettings, path: str, target: Path) -> str:
     """The part's bytes decompressed into `target`; returns their digest."""
     hasher = hashlib.new(DIGEST_ALGORITHM)
-    with reading(path, inp.format), atomic_path(target) as tmp, pa.input_stream(path) as source, \
-            open(tmp, "wb") as sink:
-        while chunk := source.read(CHUNK_BYTES):
+    with atomic_path(target) as tmp, open(tmp, "wb") as sink:
+        for chunk in _read(path, inp.format, _chunks(path)):
             hasher.update(chunk)
             sink.write(chunk)
     return f"{DIGEST_ALGORITHM}:{hasher.hexdigest()}"
 
 
-def _parquet_copy(inp: InputSettings, path: str, ends: list[int], target: Path) -> None:
+def _chunks(path: str) -> Iterator[bytes]:
+    with pa.input_stream(path) as source:
+        while chunk := source.read(CHUNK_BYTES):
+            yield chunk
+
+
+def _parquet_copy(inp: InputSettings, path: str, ends: list[int], target: Path) -> tuple[str, ...]:
     """The part's read columns rewritten into `target`, a row group ending at each of `ends` (the
-    shards' last rows in it, ascending) and wherever GROUP_BYTES would be passed."""
+    shards' last rows in it, ascending) and after GROUP_BYTES (`_row_groups`); returns the columns."""
     columns = list(dict.fromkeys(inp.read_columns))  # a kept text column is read twice, stored once
     with reading(path, inp.format):
         schema = pq.ParquetFile(path).schema_arrow
-        with atomic_parquet_writer(target, pa.schema([schema.field(c) for c in columns])) as writer:
-            for group in _row_groups(parquet_batches(path, columns), ends):
-                writer.write_table(group, row_group_size=group.num_rows)
+    with atomic_parquet_writer(target, pa.schema([schema.field(c) for c in columns])) as writer:
+        for group in _row_groups(_read(path, inp.format, parquet_batches(path, columns)), ends):
+            writer.write_table(group, row_group_size=group.num_rows)
+    return tuple(columns)
 
 
 def _row_groups(batches: Iterator[pa.RecordBatch], ends: list[int]) -> Iterator[pa.Table]:

@@ -189,7 +189,8 @@ class Custom(Task):
         inner = kind
         while pa.types.is_list(inner):
             inner = inner.value_type
-        if pa.types.is_integer(inner) and not isinstance(values, np.ndarray):
+        numeric = isinstance(values, np.ndarray) and values.dtype != object  # Arrow refuses fractions there
+        if pa.types.is_integer(inner) and not numeric:
             self.refuse_fractions(name, spec, values, index)
         try:
             return pa.array(values, type=kind)
@@ -217,10 +218,10 @@ class Custom(Task):
 
 def _first_fraction(value: Any) -> Any:
     """The first float that is not a whole number in a value or (nested) list of them; None if none."""
-    if isinstance(value, np.ndarray):
+    if isinstance(value, np.ndarray) and value.dtype != object:
         bad = value[~np.equal(np.mod(value, 1), 0)] if value.dtype.kind == "f" else value[:0]
         return bad.flat[0].item() if bad.size else None
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple, np.ndarray)):  # an array of objects: ragged lists
         return next((found for item in value if (found := _first_fraction(item)) is not None), None)
     if isinstance(value, (float, np.floating)) and not float(value).is_integer():
         return float(value)
