@@ -111,6 +111,7 @@ rule plan:
         table=INPUT,
     output:
         plan="results/plan.json",
+        staged=directory("results/staged"),
     log:
         "logs/plan.log",
     benchmark:
@@ -126,6 +127,7 @@ rule plan:
 rule infer:
     input:
         plan="results/plan.json",
+        staged="results/staged",
     output:
         shard="results/shards/{shard}.parquet",
     log:
@@ -147,6 +149,7 @@ rule infer:
 rule gather:
     input:
         plan="results/plan.json",
+        staged="results/staged",
         shards=expand("results/shards/{shard}.parquet", shard=range(SHARDS)),
     output:
         predictions="results/predictions.parquet",
