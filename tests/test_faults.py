@@ -134,19 +134,10 @@ def test_a_stray_file_is_refused(finished, tmp_path):
     assert_refused(result, tmp_path, "stray file", "notes.parquet", "not part of the plan")
 
 
-def test_changed_input_is_replanned(finished, tmp_path, models):
-    path, config = finished
-    frame = input_frame(64, seed=9)
-    write_input(frame, path)
-    got = run_ok(tmp_path, config)
-    label_ids, probs = reference.classify(models.classifier, frame["text"].tolist(), max_length=32)
-    assert got["index"].tolist() == list(range(64)) and got["label_id"].tolist() == label_ids.tolist()
-    np.testing.assert_allclose(np.stack(got["probs"]), probs, atol=1e-5)
-
-
-def test_a_replaced_input_with_an_older_mtime_is_replanned(finished, tmp_path):
+def test_a_replaced_input_with_an_older_mtime_is_replanned(finished, tmp_path, models):
     """What `cp -p`, `rsync -a` and `tar x` do: another table put in place with an mtime older than the
-    plan's. Snakemake's mtime check alone answers "Nothing to be done" and keeps the old table."""
+    plan's. Snakemake's mtime check alone answers "Nothing to be done" and keeps the old table. (An
+    input edited the usual way, newer: the named inputs' `val`, tests/test_inputs.py.)"""
     path, config = finished
     plan = tmp_path / "results" / "plan.json"
     planned = json.loads(plan.read_text())["plan_id"]
@@ -157,6 +148,9 @@ def test_a_replaced_input_with_an_older_mtime_is_replanned(finished, tmp_path):
     got = run_ok(tmp_path, config)
     assert json.loads(plan.read_text())["plan_id"] != planned
     assert got["index"].tolist() == list(range(37)) and got["id"].tolist() == frame["id"].tolist()
+    label_ids, probs = reference.classify(models.classifier, frame["text"].tolist(), max_length=32)
+    assert got["label_id"].tolist() == label_ids.tolist()
+    np.testing.assert_allclose(np.stack(got["probs"]), probs, atol=1e-5)
 
 
 def test_changed_model_settings_rerun_every_shard(finished, tmp_path, models):
@@ -178,21 +172,14 @@ def test_fewer_shards_remove_the_earlier_plans_files(finished, tmp_path):
     assert got["index"].tolist() == list(range(50))
 
 
-def test_shell_syntax_in_paths_is_only_a_name(models, tmp_path):
-    frame = input_frame(7)
-    path = write_input(frame, tmp_path / "data" / "in put;$(touch PWNED)`touch PWNED2`'x.csv")
-    got = run_ok(tmp_path, workflow_config(path, models.classifier, shards=2))
-    assert got["id"].tolist() == frame["id"].tolist()
-    assert not list(tmp_path.rglob("PWNED*"))
-
-
-def test_null_texts_are_reported_on_the_terminal(models, tmp_path):
+def test_null_texts_are_reported_on_the_terminal_and_shell_syntax_in_paths_is_only_a_name(models, tmp_path):
     frame = input_frame(30)
     frame.loc[[4, 17], "text"] = None
-    path = write_input(frame, tmp_path / "data" / "input.parquet")
+    path = write_input(frame, tmp_path / "data" / "in put;$(touch PWNED)`touch PWNED2`'x.parquet")
     result = run_workflow(tmp_path, workflow_config(path, models.classifier, shards=2))
     assert_refused(result, tmp_path, "input.text_column `text` is null in 2 row(s) (first: 4, 17)")
     config = workflow_config(path, models.classifier, shards=2, input={"null_text": "empty"})
     got = run_ok(tmp_path, config)
     label_ids, _ = reference.classify(models.classifier, frame["text"].fillna("").tolist(), max_length=32)
-    assert got["label_id"].tolist() == label_ids.tolist()
+    assert got["label_id"].tolist() == label_ids.tolist() and got["id"].tolist() == frame["id"].tolist()
+    assert not list(tmp_path.rglob("PWNED*"))
