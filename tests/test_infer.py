@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+import reference
 from factory import input_frame, input_settings, write_input
 from shardinfer.config import BatchSettings, ModelSettings, Settings
 from shardinfer.device import predict_window, prepare_batches
@@ -226,3 +227,25 @@ def test_a_shard_without_keep_columns_holds_index_and_outputs_only(shard_inputs)
     start, end = read_plan(str(root / "plan.json")).ranges[1]
     assert table.column_names == ["index", "label", "label_id", "probs"]
     assert table.column("index").to_pylist() == list(range(start, end)) and stats["rows"] == end - start
+
+
+def test_embed_normalised_and_an_empty_shard(models, tmp_path, caplog):
+    """A normalised embedding is the model's own, unit length; a shard without rows is written
+    without loading the model (1 row in 2 shards)."""
+    frame = input_frame(1, seed=1)
+    inp = input_settings(write_input(frame, tmp_path / "in.parquet"), keep_columns=("id",))
+    model = ModelSettings(path=str(models.encoder), adapter=None, task="embed", max_length=32, dtype="auto",
+                          trust_remote_code=False, allow_pickle=False)
+    settings = Settings(input=inp, model=model, batch=BatchSettings(512, 32, 64), shards=2,
+                        task_settings={"pooling": "mean", "normalize": True})
+    run_plan(inp, 2, 32, str(tmp_path / "plan.json"))
+    caplog.set_level(logging.INFO)
+    for shard in (0, 1):
+        run_shard(ShardJob(settings, str(tmp_path / "plan.json"), shard, str(tmp_path / f"{shard}.parquet"), "d"))
+    messages = [record.getMessage() for record in caplog.records]
+    assert sum("without loading the model" in m for m in messages) == 1 and sum("loaded " in m for m in messages) == 1
+    got, empty = pq.read_table(tmp_path / "0.parquet"), pq.read_table(tmp_path / "1.parquet")
+    want = reference.embed(models.encoder, frame["text"].tolist(), max_length=32, normalize=True)
+    assert got.column("index").to_pylist() == [0] and empty.num_rows == 0 and empty.schema.equals(got.schema)
+    np.testing.assert_allclose(np.stack(got.column("embedding").to_pylist()), want, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(want, axis=1), 1.0, atol=1e-5)

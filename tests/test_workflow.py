@@ -39,7 +39,7 @@ def test_classify_any_shard_count_equals_one_shard(classify_runs, shards):
                      float_columns={"probs"})
 
 
-@pytest.mark.parametrize("rows,shards", [(1000, 1), (1000, 4), (5, 8)])
+@pytest.mark.parametrize("rows,shards", [(1000, 1), (1000, 4), (3, 5)])
 def test_classify_rows_are_the_models_own_outputs(classify_runs, models, rows, shards):
     """Against the model run on each text alone: with more shards than rows (empty shards) too."""
     run = classify_runs(rows, shards)
@@ -101,16 +101,6 @@ def test_embed_three_shards_equal_one(embed_runs):
     three, one = embed_runs(".jsonl", 3)[0], embed_runs(".csv", 1)[0]
     assert_same_rows(three.drop(columns="gold"), one.drop(columns="gold"), float_columns={"embedding"})
     assert three["gold"].astype(str).tolist() == one["gold"].tolist()
-
-
-def test_embed_normalised_with_an_empty_shard(models, tmp_path):
-    frame = input_frame(1, seed=1)
-    path = write_input(frame, tmp_path / "input.parquet")
-    got = run_ok(tmp_path, workflow_config(path, models.encoder, task="embed", shards=2, embed={"normalize": True}))
-    want = reference.embed(models.encoder, frame["text"].tolist(), max_length=32, normalize=True)
-    assert got["index"].tolist() == [0] and got["id"].tolist() == frame["id"].tolist()
-    np.testing.assert_allclose(np.stack(got["embedding"]), want, atol=ATOL)
-    np.testing.assert_allclose(np.linalg.norm(np.stack(got["embedding"]), axis=1), 1.0, atol=1e-5)
 
 
 @pytest.fixture(scope="module")
