@@ -38,9 +38,15 @@ def test_format_from_extension(name, fmt):
     assert detect_format(name) == fmt
 
 
-def test_unknown_extension_lists_the_allowed_ones():
-    with pytest.raises(UserError, match=r"input `data.xlsx`: unknown file type; allowed extensions: .csv, .jsonl"):
-        detect_format("data.xlsx")
+def test_unknown_extension_lists_the_allowed_ones(tmp_path):
+    (tmp_path / "data.xlsx").write_text("")
+    with pytest.raises(UserError, match=r"input `.*data.xlsx`: unknown file type; allowed extensions: .csv, .jsonl"):
+        detect_format(str(tmp_path / "data.xlsx"))
+
+
+def test_a_mistyped_folder_is_said_not_to_exist_not_to_be_of_unknown_type(tmp_path):
+    with pytest.raises(UserError, match=r"^input.path `.*data/tarin/` does not exist"):
+        detect_format(str(tmp_path / "data" / "tarin") + "/")
 
 
 @pytest.mark.parametrize("shards", [0, -1, 2.5, "4", True])

@@ -22,7 +22,7 @@ from shardinfer.errors import ProofError, UserError
 from shardinfer.gather import prove
 from shardinfer.identity import gather_trigger, plan_trigger
 from shardinfer.layout import resolve_input
-from shardinfer.parts import iter_pieces
+from shardinfer.parts import common_type, iter_pieces
 from shardinfer.plan import make_plan, read_plan, run_plan
 from test_workflow import assert_refused, run_ok
 
@@ -155,7 +155,7 @@ def test_parquet_parts_of_other_writers_types_are_read_in_one_type(tmp_path):
     spark = pa.table({"text": pa.array(frame["text"][10:20], pa.string()), "id": pa.array(frame["id"][10:20], pa.string()),
                       "gold": pa.array(frame["gold"][10:20], pa.int32())})
     pq.write_table(spark, tmp_path / "parts" / "b.parquet")
-    categorical = pa.Table.from_pandas(frame.iloc[20:].astype({"id": "category"}), preserve_index=False)
+    categorical = pa.Table.from_pandas(frame.iloc[20:].astype({"id": "category", "gold": "uint32"}), preserve_index=False)
     pq.write_table(categorical, tmp_path / "parts" / "c.parquet")
     inp = parts_settings(tmp_path / "parts", keep_columns=("id", "gold"))
     plan = make_plan(inp, 3, 32)
@@ -169,6 +169,17 @@ def test_parquet_parts_of_other_writers_types_are_read_in_one_type(tmp_path):
     assert same.fields is not None  # text: string in b, large_string in a and c
 
 
+@pytest.mark.parametrize("one, other, common", [
+    (pa.string(), pa.large_string(), pa.large_string()), (pa.int32(), pa.int64(), pa.int64()),
+    (pa.uint32(), pa.int64(), pa.int64()), (pa.uint64(), pa.int64(), None), (pa.int8(), pa.uint8(), None),
+    (pa.float32(), pa.float64(), pa.float64()), (pa.int64(), pa.float64(), None), (pa.null(), pa.int16(), pa.int16()),
+    (pa.dictionary(pa.int8(), pa.string()), pa.large_string(), pa.large_string()), (pa.string(), pa.int64(), None),
+    (pa.list_(pa.int32()), pa.large_list(pa.int64()), pa.large_list(pa.int64())), (pa.timestamp("ms"), pa.string(), None),
+])
+def test_parquet_parts_widen_only_where_every_value_is_kept(one, other, common):
+    assert common_type(one, other) == common and common_type(other, one) == common
+
+
 @pytest.mark.parametrize("other, holds", [(str, "large_string"), ("float64", "double"), ("uint64", "uint64")])
 def test_parquet_parts_whose_column_no_one_type_holds_exactly_are_refused(tmp_path, other, holds):
     """Only widenings that keep every value (no int64 into a double, no signed into unsigned, no
@@ -180,7 +191,7 @@ def test_parquet_parts_whose_column_no_one_type_holds_exactly_are_refused(tmp_pa
     write_input(frame.iloc[20:].astype({"gold": other}), tmp_path / "parts" / "c.parquet")
     inp = parts_settings(tmp_path / "parts", keep_columns=("id", "gold"))
     with pytest.raises(UserError, match=rf"^input `.*c.parquet`: column `gold` holds {holds}, but `.*b.parquet` "
-                                        r"holds int64; every part must give a column types that one type holds"):
+                                        r"holds int64, and no type holds both exactly \(allowed across parts"):
         make_plan(dataclasses.replace(inp, keep_columns=("gold",)), 2, 32)
     assert make_plan(dataclasses.replace(inp, keep_columns=()), 2, 32).fields is None  # gold not read: no conflict
 

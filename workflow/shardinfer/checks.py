@@ -11,6 +11,7 @@ from pathlib import Path
 from shardinfer.config import InputSettings, ModelSettings, Settings
 from shardinfer.errors import UserError
 from shardinfer.labels import label_names
+from shardinfer.layout import missing_input
 from shardinfer.shardcount import check_shard_count
 from shardinfer.shardfile import INDEX_COLUMN
 from shardinfer.tasks import TASKS, is_text_task, output_columns
@@ -68,7 +69,7 @@ def check_settings(settings: Settings) -> None:
         raise UserError(f"model.task must be one of {', '.join(TASKS)}; got {model.task!r}")
     for part in inp.files:
         if not Path(part).is_file():
-            raise UserError(f"input.path `{part}` does not exist (or is not a file)")
+            raise missing_input(part)
     check_keep_columns(inp, (INDEX_COLUMN, *output_columns(model.task)))
     check_shard_count(inp, settings.shards)
     if is_text_task(model.task):

@@ -37,9 +37,15 @@ def format_of(path: str) -> str | None:
     return INPUT_FORMATS.get(suffixes[-1]) if suffixes else None
 
 
+def missing_input(path: str) -> UserError:
+    return UserError(f"input.path `{path}` does not exist (or is not a file)")
+
+
 def detect_format(path: str) -> str:
     """Infer the input format from the extension, looking through a trailing .gz."""
     fmt = format_of(path)
+    if fmt is None and not os.path.exists(path):
+        raise missing_input(path)  # a mistyped folder (`data/tarin/`), not a file of unknown type
     if fmt is None:
         allowed = ", ".join(sorted(INPUT_FORMATS))
         raise UserError(f"input `{path}`: unknown file type; allowed extensions: {allowed} (or set input.format)")

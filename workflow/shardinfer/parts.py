@@ -9,7 +9,8 @@ by the shards that hold its rows, not by all of them.
 
 Every read column gets one type over all parts, so that all shards write one schema: Parquet
 parts are typed together from their footers before anything is read, by exact widening only
-(string and large_string give large_string, int32 and int64 give int64: writers differ), and read
+(string and large_string give large_string, int32 and int64 or uint32 give int64: writers
+differ), and read
 in those types; CSV is all text; JSONL parts are typed together, so a field that only some parts
 carry is null in the others, as for rows of one file.
 """
@@ -224,9 +225,9 @@ def _one_type(column: str, types: list[tuple[str, pa.DataType]]) -> pa.DataType:
         widened = common_type(merged, kind)
         if widened is None:
             first, before = next(((p, t) for p, t in types[:k] if common_type(t, kind) is None), types[0])
-            raise UserError(f"input `{path}`: column `{column}` holds {kind}, but `{first}` holds {before}; every "
-                            "part must give a column types that one type holds exactly (string and large_string, "
-                            "integers of one sign, floats, a dictionary and its values, null)")
+            raise UserError(f"input `{path}`: column `{column}` holds {kind}, but `{first}` holds {before}, and no "
+                            "type holds both exactly (allowed across parts: string and large_string, integers or "
+                            "floats of other widths, uint into a wider int, a dictionary and its values, null)")
         merged = widened
     return merged
 
@@ -234,7 +235,7 @@ def _one_type(column: str, types: list[tuple[str, pa.DataType]]) -> pa.DataType:
 def common_type(one: pa.DataType, other: pa.DataType) -> pa.DataType | None:
     """The type that holds the values of both exactly, by widening only (writers differ: Spark writes
     string and int32 where pandas writes large_string and int64; a categorical is a dictionary);
-    None when there is none (numbers and text, signed and unsigned, int and float, other units)."""
+    None when there is none (numbers and text, uint64 and int64, int and float, other units)."""
     one, other = (t.value_type if pa.types.is_dictionary(t) else t for t in (one, other))
     if one == other or pa.types.is_null(other):
         return one
@@ -246,6 +247,9 @@ def common_type(one: pa.DataType, other: pa.DataType) -> pa.DataType | None:
     for same_kind in (pa.types.is_signed_integer, pa.types.is_unsigned_integer, pa.types.is_floating):
         if same_kind(one) and same_kind(other):
             return max(one, other, key=lambda t: t.bit_width)
+    signed, unsigned = sorted((one, other), key=pa.types.is_unsigned_integer)
+    if pa.types.is_signed_integer(signed) and pa.types.is_unsigned_integer(unsigned):
+        return signed if signed.bit_width > unsigned.bit_width else None  # int64 holds every uint32
     if _is_list(one) and _is_list(other):
         values = common_type(one.value_type, other.value_type)
         large = pa.types.is_large_list(one) or pa.types.is_large_list(other)
