@@ -20,7 +20,7 @@ from shardinfer.errors import ProofError, UserError
 from shardinfer.gather import check_part
 from shardinfer.parts import iter_pieces
 from shardinfer.plan import make_plan, read_plan, run_plan
-from shardinfer.staging import local_ranges, rows_read, should_stage, stage_part
+from shardinfer.staging import rows_read, should_stage, stage_part
 from test_parts import parts_settings, write_parts
 
 MiB = 1 << 20
@@ -71,10 +71,6 @@ def test_rows_read_in_place_by_kind_of_file():
 ])
 def test_when_a_part_is_staged(mode, size, read, staged):
     assert should_stage(mode, 1000, size, read) is staged
-
-
-def test_local_ranges_are_the_shards_rows_in_the_part():
-    assert local_ranges(137, 503, [(0, 250), (250, 250), (250, 640), (640, 1000)]) == [(0, 113), (113, 503)]
 
 
 @pytest.mark.parametrize("name", ["in.parquet", "in.csv.gz", "in.jsonl.gz"])

@@ -37,6 +37,12 @@ DIGEST_ALGORITHM = "sha256"
 CHUNK_BYTES = 1 << 22
 
 
+def fingerprint(path: str) -> dict:
+    """Size and modification time: cheap to recheck before every shard and at gather."""
+    stat = os.stat(path)
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
 def _stats_digest(paths: tuple[str, ...], keys: tuple[str, ...]) -> str:
     """A short digest of each file's name and the given `os.stat` fields, in order."""
     stats = [(path, *(getattr(os.stat(path), key) for key in keys)) for path in paths]

@@ -30,17 +30,11 @@ import pyarrow.parquet as pq
 
 from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
-from shardinfer.identity import digest_alongside
+from shardinfer.identity import digest_alongside, fingerprint
 from shardinfer.layout import input_parts
 from shardinfer.staging import Staged
 from shardinfer.tables import (NULLS_LISTED, FieldConflict, InputScan, Span, iter_range, jsonl_fields, merge_fields,
                                reading, scan_input)
-
-
-def fingerprint(path: str) -> dict:
-    """Size and modification time: cheap to recheck before every shard and at gather."""
-    stat = os.stat(path)
-    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
 @dataclass(frozen=True)

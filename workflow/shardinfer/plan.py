@@ -31,7 +31,7 @@ from shardinfer.atomic import write_json_atomic
 from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
 from shardinfer.parts import Part, PartsScan, Piece, check_same_parts, iter_pieces, scan_parts
-from shardinfer.staging import local_ranges, stage_part, staged_name, wants_staging
+from shardinfer.staging import stage_part, staged_name, wants_staging
 from shardinfer.tables import Span, fields_from_json, fields_to_json
 
 log = logging.getLogger(__name__)
@@ -119,19 +119,25 @@ def make_plan(inp: InputSettings, shards: int, max_length: int, staged_dir: str 
     body = {"input_path": inp.path, "parts": [asdict(part) for part in scan.parts], "rows": scan.rows,
             "ranges": ranges}
     plan_id = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+    pieces = scan.pieces(list(ranges))
     if staged_dir is not None:
-        scan = dataclasses.replace(scan, parts=staged_parts(inp, scan.parts, list(ranges), staged_dir))
+        scan = dataclasses.replace(scan, parts=staged_parts(inp, scan.parts, pieces, staged_dir))
+        pieces = scan.pieces(list(ranges))  # the same pieces, of the parts with their copies
     return Plan(plan_id=plan_id, input_path=inp.path, parts=scan.parts, rows=scan.rows, ranges=ranges, costs=costs,
-                pieces=scan.pieces(list(ranges)), fields=scan.fields)
+                pieces=pieces, fields=scan.fields)
 
 
-def staged_parts(inp: InputSettings, parts: tuple[Part, ...], ranges: list[tuple[int, int]], folder: str
+def staged_parts(inp: InputSettings, parts: tuple[Part, ...], pieces: tuple[tuple[Piece, ...], ...], folder: str
                  ) -> tuple[Part, ...]:
-    """The parts, each with its staged copy in `folder` where its shards could not read it by range."""
+    """The parts, each with its staged copy in `folder` where its shards (their `pieces`) could not
+    read it by range."""
     Path(folder).mkdir(parents=True, exist_ok=True)
+    held_by_part: dict[str, list[tuple[int, int]]] = {}
+    for piece in (piece for shard in pieces for piece in shard):
+        held_by_part.setdefault(piece.part.path, []).append((piece.start, piece.end))
     staged = []
     for position, part in enumerate(parts):
-        held = local_ranges(part.first_row, part.rows, ranges)
+        held = held_by_part.get(part.path, [])
         if wants_staging(inp, part.path, part.rows, part.size, held):
             target = Path(folder) / staged_name(position, inp.format)
             part = dataclasses.replace(part, staged=stage_part(inp, part.path, part.digest, held, target))
@@ -155,7 +161,7 @@ def check_rows(inp: InputSettings, scan: PartsScan) -> None:
 
 def write_plan(plan: Plan, path: str) -> None:
     """The plan file. Each part is {path, first_row, rows, size, mtime_ns, digest, staged: null or
-    its copy's {path, size, mtime_ns, digest}}; each shard's
+    its copy's {path, size, mtime_ns, digest, columns}}; each shard's
     pieces are {part (its position in `input.parts`), start, end (the part's own row numbers),
     span}. A CSV/JSONL piece's `span` is {row, line, byte, stop_byte}: parse from `byte` (where the
     part's row `row` and line `line` begin) and stop reading at `stop_byte` (null: the end); the

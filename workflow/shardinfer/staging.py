@@ -40,8 +40,8 @@ import pyarrow.parquet as pq
 from shardinfer.atomic import atomic_parquet_writer, atomic_path
 from shardinfer.config import InputSettings
 from shardinfer.errors import ProofError, UserError
-from shardinfer.identity import CHUNK_BYTES, DIGEST_ALGORITHM, digest_alongside, file_digest
-from shardinfer.tables import compressed, parquet_batches, reading
+from shardinfer.identity import CHUNK_BYTES, DIGEST_ALGORITHM, digest_alongside, file_digest, fingerprint
+from shardinfer.tables import compressed, parquet_batches, reading, row_group_bounds
 
 STAGE_RATIO = 1.2  # auto: stage when the shards would read more than this many times the part's rows
 STAGE_MIN_BYTES = 64 << 20  # ... and at least this much more than the part's file
@@ -75,8 +75,7 @@ class Staged:
         if not os.path.isfile(self.path):
             raise UserError(f"staged copy `{self.path}` of input `{part}` has disappeared since planning; "
                             "rerun the plan (snakemake --forcerun plan)")
-        stat = os.stat(self.path)
-        if (stat.st_size, stat.st_mtime_ns) != (self.size, self.mtime_ns):
+        if fingerprint(self.path) != {"size": self.size, "mtime_ns": self.mtime_ns}:
             raise UserError(f"staged copy `{self.path}` of input `{part}` changed since planning; "
                             "rerun the plan (snakemake --forcerun plan)")
 
@@ -88,21 +87,16 @@ class Staged:
                             f"({self.digest} -> {found}); rerun the plan (snakemake --forcerun plan)")
 
 
-def local_ranges(first_row: int, rows: int, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The shards' ranges that overlap a part, in the part's own row numbers (empty ones left out)."""
-    clipped = ((max(start, first_row) - first_row, min(end, first_row + rows) - first_row) for start, end in ranges)
-    return [(lo, hi) for lo, hi in clipped if lo < hi]
-
-
-def rows_read(held: list[tuple[int, int]], group_starts: list[int] | None, seekable: bool) -> int:
+def rows_read(held: list[tuple[int, int]], group_bounds: list[int] | None, seekable: bool) -> int:
     """Rows the shards would read of a part in place, `held` being their ranges in it: a compressed
     file from its start to each range's end; a Parquet file from the start of the row group that
-    holds a range's first row (`group_starts`, ascending from 0); a seekable CSV/JSONL file its ranges."""
+    holds a range's first row (`group_bounds`: where groups begin, ascending from 0,
+    `tables.row_group_bounds`); a seekable CSV/JSONL file its ranges."""
     if not seekable:
         return sum(hi for _, hi in held)
-    if group_starts is None:
+    if group_bounds is None:
         return sum(hi - lo for lo, hi in held)
-    return sum(hi - group_starts[bisect.bisect_right(group_starts, lo) - 1] for lo, hi in held)
+    return sum(hi - group_bounds[bisect.bisect_right(group_bounds, lo) - 1] for lo, hi in held)
 
 
 def should_stage(mode: str, rows: int, size: int, read: int) -> bool:
@@ -113,24 +107,15 @@ def should_stage(mode: str, rows: int, size: int, read: int) -> bool:
     return mode == "always" or (read > STAGE_RATIO * rows and extra_bytes >= STAGE_MIN_BYTES)
 
 
-def group_starts(path: str) -> list[int]:
-    """The first row of each of a Parquet file's row groups, from its footer."""
-    with reading(path, "parquet"):
-        metadata = pq.ParquetFile(path).metadata
-    starts, row = [], 0
-    for group in range(metadata.num_row_groups):
-        starts.append(row)
-        row += metadata.row_group(group).num_rows
-    return starts or [0]
-
-
 def wants_staging(inp: InputSettings, path: str, rows: int, size: int, held: list[tuple[int, int]]) -> bool:
     """Whether a part (`rows` rows, `size` bytes) should be staged for shards reading `held` of it."""
     if inp.stage == "never" or not held:
         return False
-    starts = group_starts(path) if inp.format == "parquet" else None
-    seekable = inp.format == "parquet" or not compressed(path)
-    return should_stage(inp.stage, rows, size, rows_read(held, starts, seekable))
+    bounds, seekable = None, not compressed(path)
+    if inp.format == "parquet":
+        with reading(path, inp.format):
+            bounds, seekable = row_group_bounds(path), True
+    return should_stage(inp.stage, rows, size, rows_read(held, bounds, seekable))
 
 
 def stage_part(inp: InputSettings, path: str, digest: str, held: list[tuple[int, int]], target: Path) -> Staged:

@@ -394,17 +394,21 @@ def iter_input(inp: InputSettings, row_groups: list[int] | None = None, span: Sp
         yield batch
 
 
-def _parquet_groups_in_range(path: str, start: int, end: int) -> tuple[list[int], int]:
-    """Row groups overlapping [start, end) and the global row number of the first one."""
+def row_group_bounds(path: str) -> list[int]:
+    """Where a Parquet file's row groups begin and the last one ends, from its footer: group k holds
+    rows [bounds[k], bounds[k + 1])."""
     metadata = pq.ParquetFile(path).metadata
-    groups, first_row, offset = [], None, 0
+    bounds = [0]
     for group in range(metadata.num_row_groups):
-        rows = metadata.row_group(group).num_rows
-        if offset < end and offset + rows > start:
-            groups.append(group)
-            first_row = offset if first_row is None else first_row
-        offset += rows
-    return groups, first_row or 0
+        bounds.append(bounds[-1] + metadata.row_group(group).num_rows)
+    return bounds
+
+
+def _parquet_groups_in_range(path: str, start: int, end: int) -> tuple[list[int], int]:
+    """Row groups overlapping [start, end) and the row number of the first one."""
+    bounds = row_group_bounds(path)
+    groups = [group for group in range(len(bounds) - 1) if bounds[group] < end and bounds[group + 1] > start]
+    return groups, bounds[groups[0]] if groups else 0
 
 
 def iter_range(inp: InputSettings, start: int, end: int, span: Span | None = None
