@@ -19,15 +19,20 @@ def partial_path(path: Path) -> Path:
     return path.parent / f".{path.name}.partial"
 
 
+def fsync_folder(folder: Path) -> None:
+    """Make a folder's entries (a rename into it) durable."""
+    handle = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+
+
 def _commit(tmp: Path, path: Path) -> None:
     with open(tmp, "rb") as handle:
         os.fsync(handle.fileno())
     os.replace(tmp, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    fsync_folder(path.parent)
 
 
 @contextmanager

@@ -22,7 +22,9 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
+from shardinfer.atomic import fsync_folder, partial_path
 from shardinfer.errors import ProofError, UserError
+from shardinfer.identity import file_digest
 from shardinfer.shardfile import FILE_TYPE, INDEX_COLUMN, file_name
 
 
@@ -30,8 +32,8 @@ SNAKEMAKE_MARKER = ".snakemake_timestamp"  # Snakemake's own mark in a directory
 
 
 def staging_folder(folder: str | Path) -> Path:
-    folder = Path(folder)
-    return folder.parent / f".{folder.name}.partial"
+    """`results/files/.3.partial`: named as a partial file is (shardinfer.atomic)."""
+    return partial_path(Path(folder))
 
 
 def expected_name(index: int, column: str, suffixes: dict[str, str]) -> str:
@@ -78,11 +80,7 @@ def _fsync_folder(folder: Path) -> None:
     for entry in folder.iterdir():
         with open(entry, "rb") as handle:
             os.fsync(handle.fileno())
-    handle = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(handle)
-    finally:
-        os.close(handle)
+    fsync_folder(folder)
 
 
 @contextmanager
@@ -108,14 +106,6 @@ def staged_files(folder: str | None, suffixes: dict[str, str]) -> Iterator[Shard
         raise
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def prove_files(table: pa.Table, folder: str, suffixes: dict[str, str]) -> set[str]:
     """Every row that names a file has exactly that file: its own name (by index), size and SHA-256.
     Returns the names seen, so the caller can refuse files no row names. Raises ProofError naming the row."""
@@ -134,7 +124,7 @@ def prove_files(table: pa.Table, folder: str, suffixes: dict[str, str]) -> set[s
             if path.stat().st_size != value["size"]:
                 raise ProofError(f"row {row}: file `{path}` has {path.stat().st_size} bytes, its row records "
                                  f"{value['size']} (truncated or replaced); rerun its shard")
-            if sha256_of(path) != value["sha256"]:
+            if file_digest(str(path)) != f"sha256:{value['sha256']}":
                 raise ProofError(f"row {row}: file `{path}` is not the file its row records (SHA-256 differs: "
                                  "altered or swapped); rerun its shard")
             seen.add(name)

@@ -235,9 +235,7 @@ def write_empty_shard(job: ShardJob, plan: Plan, began: float) -> dict:
     """A shard with no rows (more shards than rows): its file (and files folder) without loading the
     model or taking a device. Its columns are the task's declared ones (none yet for custom code,
     which gather allows for an empty shard)."""
-    outputs = dict(task_class(job.settings.model.task).outputs)
-    keep = keep_schema_of(job.settings, plan, job.shard)
-    schema = shard_schema(outputs, keep, shard_identity(job, plan, outputs))
+    schema, _ = shard_layout(job, plan, dict(task_class(job.settings.model.task).outputs))
     stats = {"rows": 0, "seconds": 0.0, "device": "none (empty shard)", "dtype": None, "real_tokens": 0,
              "padded_tokens": 0, "truncated": 0, "first_truncated_rows": [], "token_lengths": {},
              "started": round(began, 3), "ended": round(time.time(), 3)}

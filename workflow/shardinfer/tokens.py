@@ -141,8 +141,7 @@ class TokenReader:
     def __init__(self, path: str) -> None:
         self.path = path
         self.batches = pq.ParquetFile(path, page_checksum_verification=True).iter_batches(batch_size=8192)
-        self.pending = pa.table({INDEX_COLUMN: pa.array([], pa.int64()), "input_ids": pa.array([], pa.list_(pa.int32())),
-                                 "truncated": pa.array([], pa.bool_())})
+        self.pending = tokens_schema({}).remove_metadata().empty_table()
 
     def take(self, first: int, rows: int) -> TokenWindow:
         """Rows [first, first + rows) of the file; refused when the file holds other rows there."""
