@@ -66,14 +66,13 @@ def main() -> None:
 
 def check_dag_and_run(args: argparse.Namespace) -> None:
     models = timed("build tiny models", factory.build_tiny_models, args.workdir / "models")
-    frame = factory.input_frame(args.rows, seed=1)
-    path = timed(f"write {args.rows} rows", factory.write_input, frame, args.workdir / "run" / "data" / "input.parquet")
-
     if args.dag_shards:
         check_dag(args.workdir / "dag", models.classifier, args.dag_shards)
 
     if args.skip_run:
         return
+    frame = factory.input_frame(args.rows, seed=1)
+    path = timed(f"write {args.rows} rows", factory.write_input, frame, args.workdir / "run" / "data" / "input.parquet")
     config = factory.workflow_config(path, models.classifier, shards=args.shards,
                                      batch={"max_tokens": 8192, "max_rows": 256, "sort_window": 16384})
     run = lambda: factory.run_workflow(args.workdir / "run", config, timeout=4 * 3600)  # noqa: E731
@@ -214,13 +213,6 @@ def check_dag(workdir: Path, model: Path, shards: int, repeats: int = 2) -> None
           f"{cpu / bare_cpu:.2f}x CPU", flush=True)
 
 
-def bytes_read() -> int:
-    """Bytes this process has read through read calls, page cache included (/proc/self/io `rchar`);
-    the shard reads below run in this process, one after another, so the deltas are theirs."""
-    with open("/proc/self/io") as handle:
-        return next(int(line.split()[1]) for line in handle if line.startswith("rchar"))
-
-
 def big_table(gigabytes: float, seed: int = 0):
     """About `gigabytes` of text in rows of 20 to 400 characters: random letters and spaces, with a
     comma, a quote or a newline now and then, so CSV quotes some values and JSONL escapes them."""
@@ -278,9 +270,9 @@ def write_formats(folder: Path, gigabytes: float) -> dict[str, Path]:
 
 def measured(figures: dict, name: str, function, *args):
     """Run `function`, recording the bytes it read (`<name>_bytes`) and its seconds (`<name>_s`)."""
-    before, started = bytes_read(), time.perf_counter()
+    before, started = factory.bytes_read(), time.perf_counter()
     result = function(*args)
-    figures.update({f"{name}_bytes": bytes_read() - before, f"{name}_s": time.perf_counter() - started})
+    figures.update({f"{name}_bytes": factory.bytes_read() - before, f"{name}_s": time.perf_counter() - started})
     return result
 
 

@@ -107,6 +107,22 @@ def write_input(frame: pd.DataFrame, path: Path) -> Path:
     return path
 
 
+def gzipped(frame: pd.DataFrame, path: Path) -> Path:
+    """The frame as `path`, a `.csv.gz` or `.jsonl.gz` file."""
+    import gzip
+
+    plain = write_input(frame, path.with_suffix(""))
+    path.write_bytes(gzip.compress(plain.read_bytes()))
+    plain.unlink()
+    return path
+
+
+def bytes_read() -> int:
+    """Bytes this process has read through read calls, page cache included (/proc/self/io `rchar`)."""
+    with open("/proc/self/io") as handle:
+        return next(int(line.split()[1]) for line in handle if line.startswith("rchar"))
+
+
 def input_settings(path: Path, **overrides):
     from shardinfer.config import InputSettings
     from shardinfer.layout import detect_format

@@ -18,12 +18,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from factory import REPO, run_workflow
+from factory import REPO, read_predictions, run_workflow
 from shardinfer.config import Settings, settings_from_config
 from shardinfer.digests import output_digest
 from shardinfer.errors import ProofError, UserError
@@ -45,28 +44,33 @@ def example_config(shards: int, **model) -> dict:
     return config
 
 
-def build_example(workdir: Path) -> Path:
+@pytest.fixture(scope="module")
+def made_example(tmp_path_factory) -> Path:
+    """What `python make_example.py` writes (fewer rows), made once: it is seeded, so every build
+    writes the same bytes, and each test copies it (`build_example`) instead of running it again."""
+    folder = tmp_path_factory.mktemp("made-example")
+    subprocess.run([sys.executable, str(EXAMPLE / "make_example.py"), "--rows", str(ROWS), "--out", str(folder)],
+                   check=True, capture_output=True)
+    return folder
+
+
+def build_example(workdir: Path, made: Path) -> Path:
     """The example folder as a user has it after `python make_example.py` (fewer rows and steps)."""
     shutil.copytree(EXAMPLE / "hooks", workdir / "hooks")
-    subprocess.run([sys.executable, str(EXAMPLE / "make_example.py"), "--rows", str(ROWS), "--out", str(workdir)],
-                   check=True, capture_output=True)
+    shutil.copytree(made, workdir, dirs_exist_ok=True)
     return workdir
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, made_example):
     """{shards: workdir} for finished runs with 1 and 3 shards."""
     done = {}
     for shards in (1, 3):
-        workdir = build_example(tmp_path_factory.mktemp(f"custom-{shards}"))
+        workdir = build_example(tmp_path_factory.mktemp(f"custom-{shards}"), made_example)
         result = run_workflow(workdir, example_config(shards))
         assert result.returncode == 0, result.stdout + result.stderr
         done[shards] = workdir
     return done
-
-
-def frame(workdir: Path) -> pd.DataFrame:
-    return pq.read_table(workdir / "results" / "predictions.parquet").to_pandas()
 
 
 def file_bytes(workdir: Path, described: dict) -> bytes:
@@ -75,7 +79,7 @@ def file_bytes(workdir: Path, described: dict) -> bytes:
 
 def test_every_row_has_its_file_equal_to_the_hook_run_directly(runs):
     workdir = runs[3]
-    got = frame(workdir)
+    got = read_predictions(workdir)
     assert got["index"].tolist() == list(range(ROWS)) and got["id"].tolist() == [f"img-{i:05d}" for i in range(ROWS)]
     sys.path.insert(0, str(EXAMPLE))
     from make_example import load_hook
@@ -98,7 +102,7 @@ def test_every_row_has_its_file_equal_to_the_hook_run_directly(runs):
 
 
 def test_one_and_three_shards_give_byte_identical_files(runs):
-    one, three = frame(runs[1]), frame(runs[3])
+    one, three = read_predictions(runs[1]), read_predictions(runs[3])
     assert one["index"].tolist() == three["index"].tolist()
     for a, b in zip(one["image"], three["image"]):
         assert file_bytes(runs[1], a) == file_bytes(runs[3], b) and a["sha256"] == b["sha256"]
@@ -218,12 +222,12 @@ def build(model_path, options, device):
 '''
 
 
-def shard_job_with(tmp_path: Path, body: str, shard: int = 1) -> ShardJob:
+def shard_job_with(tmp_path: Path, made: Path, body: str, shard: int = 1) -> ShardJob:
     """A 3-shard plan of the example's input (shard 1: rows 4..8) and shard `shard`'s job running a
     hook with `body`, in windows of 4 rows so that a window is written before the next is run."""
     (tmp_path / "hook.py").write_text(HOOK.format(body=body))
     if not (tmp_path / "data").exists():
-        build_example(tmp_path)
+        build_example(tmp_path, made)
     config = example_config(3, entrypoint="hook.py:build", path=None)
     config["batch"] = {"max_rows": 4, "sort_window": 4}
     settings = settings_from_config(json_roundtrip(config))
@@ -242,9 +246,10 @@ def shard_job_with(tmp_path: Path, body: str, shard: int = 1) -> ShardJob:
     ("return {'blob': ['not bytes'] * len(index), 'score': [1.0] * len(index)}",
      r"row 4: column `blob` is a file column; its value must be bytes"),
 ])
-def test_hook_faults_fail_the_shard_in_one_line_and_leave_nothing(tmp_path, monkeypatch, body, message, caplog):
+def test_hook_faults_fail_the_shard_in_one_line_and_leave_nothing(tmp_path, made_example, monkeypatch, body, message,
+                                                                   caplog):
     monkeypatch.chdir(tmp_path)
-    job = shard_job_with(tmp_path, body)
+    job = shard_job_with(tmp_path, made_example, body)
     with pytest.raises(UserError, match=message) as caught:
         run_shard(job)
     assert "\n" not in str(caught.value)
@@ -254,11 +259,11 @@ def test_hook_faults_fail_the_shard_in_one_line_and_leave_nothing(tmp_path, monk
         assert "Traceback" in caplog.text and "bad pixel" in caplog.text and "hook.py" in caplog.text
 
 
-def test_a_killed_shard_job_leaves_neither_its_table_nor_its_files(tmp_path, monkeypatch):
+def test_a_killed_shard_job_leaves_neither_its_table_nor_its_files(tmp_path, made_example, monkeypatch):
     """The hook kills its own process after the first batch was written: no final names appear."""
     monkeypatch.chdir(tmp_path)
     body = "time.sleep(0.5) if index[0] >= 5 else None; os.kill(os.getpid(), signal.SIGKILL) if index[0] >= 5 else None"
-    job = shard_job_with(tmp_path, body)
+    job = shard_job_with(tmp_path, made_example, body)
     code = (f"import sys; sys.path.insert(0, {str(REPO / 'workflow')!r}); import pickle; "
             "from shardinfer.infer import run_shard; run_shard(pickle.load(open('job.pkl', 'rb')))")
     import pickle
@@ -275,10 +280,10 @@ def test_a_killed_shard_job_leaves_neither_its_table_nor_its_files(tmp_path, mon
     assert not list(tmp_path.glob("files/.*.partial"))
 
 
-def test_a_job_with_file_columns_but_no_files_folder_is_refused_in_one_line(tmp_path, monkeypatch):
+def test_a_job_with_file_columns_but_no_files_folder_is_refused_in_one_line(tmp_path, made_example, monkeypatch):
     """A caller outside Snakemake that leaves ShardJob.files unset: named, not an Arrow type error."""
     monkeypatch.chdir(tmp_path)
-    job = dataclasses.replace(shard_job_with(tmp_path, "pass"), files=None)
+    job = dataclasses.replace(shard_job_with(tmp_path, made_example, "pass"), files=None)
     with pytest.raises(UserError, match=r"declares file column\(s\) \['blob'\] but shard 1's job has no files folder"):
         run_shard(job)
     assert not Path(job.output).exists() and not list(tmp_path.glob("files*"))

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 import reference
-from factory import input_frame, prepare_workdir, run_workflow, workflow_config, write_input
+from factory import gzipped, input_frame, prepare_workdir, run_workflow, workflow_config, write_input
 from shardinfer.checks import check_input_keys, check_inputs, schema_errors
 from shardinfer.config import settings_by_input
 from shardinfer.errors import UserError
@@ -39,12 +39,6 @@ def named_config(model) -> dict:
     config["inputs"] = {"val": {"path": "data/val.csv.gz", "keep_columns": keep, "stage": "always"},
                         "test": {"path": "data/test.parquet", "keep_columns": keep, "shards": SHARDS["test"]}}
     return config
-
-
-def write_gzipped_csv(frame: pd.DataFrame, path: Path) -> None:
-    plain = write_input(frame, path.with_suffix(""))
-    path.write_bytes(gzip.compress(plain.read_bytes()))
-    plain.unlink()
 
 
 def shard_files(workdir: Path, name: str) -> list[Path]:
@@ -80,7 +74,7 @@ def named_run(models, tmp_path_factory) -> NamedRun:
     texts (more rows) and the same command again."""
     workdir = tmp_path_factory.mktemp("named-inputs")
     frames = {"val": input_frame(30, seed=3), "test": input_frame(50, seed=4)}
-    write_gzipped_csv(frames["val"], workdir / "data" / "val.csv.gz")
+    gzipped(frames["val"], workdir / "data" / "val.csv.gz")
     write_input(frames["test"], workdir / "data" / "test.parquet")
     config = named_config(models.classifier)
     first = run_workflow(workdir, config)
@@ -91,7 +85,7 @@ def named_run(models, tmp_path_factory) -> NamedRun:
               for path in [*shard_files(workdir, name), workdir / "results" / name / "summary.json"]}
 
     edited = {**frames, "val": input_frame(36, seed=5)}
-    write_gzipped_csv(edited["val"], workdir / "data" / "val.csv.gz")
+    gzipped(edited["val"], workdir / "data" / "val.csv.gz")
     second = run_workflow(workdir, config)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-6000:]
     terminals = (first.stdout + first.stderr, second.stdout + second.stderr)

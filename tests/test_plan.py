@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from factory import input_frame, write_input
+from factory import bytes_read, input_frame, write_input
 from factory import input_settings as settings_for
 from shardinfer import tables
 from shardinfer.errors import UserError
@@ -146,12 +146,6 @@ def test_no_empty_shard_on_random_costs(seed):
             ranges = balanced_ranges(costs, shards)
             check_cover(ranges, rows, shards)
             assert all(end > start for start, end in ranges)
-
-
-def bytes_read() -> int:
-    """Bytes this process has read through read calls (page cache too): /proc/self/io `rchar`."""
-    with open("/proc/self/io") as handle:
-        return next(int(line.split()[1]) for line in handle if line.startswith("rchar"))
 
 
 def read_shard(settings, plan, shard) -> tuple[list[str], int]:

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from factory import input_frame, input_settings, write_input
+from factory import gzipped, input_frame, input_settings
 from shardinfer import staging, tables
 from shardinfer.errors import ProofError, UserError
 from shardinfer.gather import check_part
@@ -30,14 +30,6 @@ def one_group_parquet(frame, path: Path) -> Path:
     """The frame as a Parquet file of one row group, as pandas writes it by default."""
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), path, row_group_size=len(frame))
-    return path
-
-
-def gzipped(frame, path: Path) -> Path:
-    """The frame as `path` (.csv.gz or .jsonl.gz)."""
-    plain = write_input(frame, path.with_suffix(""))
-    path.write_bytes(gzip.compress(plain.read_bytes()))
-    plain.unlink()
     return path
 
 
