@@ -20,13 +20,24 @@ same prompts, same max_new_tokens, same dtype, and compares their texts row by r
 model is made to end rows at varied lengths (`build_generator`): rows that finish early are what
 batching has to cope with. Each variant runs `--repeats` times in turn and the fastest run counts,
 as other jobs on a shared machine make single timings swing several-fold.
+
+With vLLM installed (`--engines transformers,vllm`, the default then), the shard job runs with
+each engine, and vLLM's bare `LLM.generate` runs on the same prompt token ids with the same
+engine arguments: the peer a generation user would pick. The shard jobs and the bare engine run
+each in a process of their own, end to end as a Snakemake job runs (imports, model load or engine
+start, generation, writing), and the fixed cost (everything but generating) is shown apart, with
+the prompt count above which the vLLM engine wins end to end.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import logging
 import math
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -350,8 +361,80 @@ def interleaved(repeats: int, variants: dict[str, Callable[[], Any]]) -> tuple[d
     return results, seconds
 
 
+def child(mode: str, settings: Settings, work: Path, device: str) -> dict:
+    """`mode` (shard: the shard job; bare: vLLM's LLM.generate) in a process of its own, as a
+    Snakemake job runs; its wall-clock seconds and what it reports."""
+    name = f"{mode}-{settings.task_settings.get('engine', 'transformers')}"
+    out = work / f"{name}.{'parquet' if mode == 'shard' else 'json'}"
+    (work / f"{name}-settings.json").write_text(json.dumps(settings.to_dict()))
+    command = [sys.executable, __file__, "--child", mode, "--child-settings", str(work / f"{name}-settings.json"),
+               "--child-out", str(out), "--device", device]
+    started = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    wall = time.perf_counter() - started
+    if result.returncode != 0:
+        raise SystemExit(f"{name} failed:\n{result.stderr[-4000:]}")
+    if mode == "shard":
+        import pyarrow.parquet as pq
+
+        from shardinfer.shardfile import STATS_KEY
+
+        stats = json.loads(pq.ParquetFile(out).schema_arrow.metadata[STATS_KEY])
+        return {"wall": wall, "stats": stats, "frame": pd.read_parquet(out)}
+    return {"wall": wall, **json.loads(out.read_text())}
+
+
+def run_child(args: argparse.Namespace) -> None:
+    """The child process of `child`: a shard job (`run_shard`) or the bare engine on the same token ids."""
+    settings = Settings.from_dict(json.loads(Path(args.child_settings).read_text()))
+    work = Path(args.child_settings).parent
+    if args.child == "shard":
+        job = ShardJob(settings, str(work / "plan.json"), 0, args.child_out, "bench", threads=torch.get_num_threads())
+        run_shard(job)
+        return
+    Path(args.child_out).write_text(json.dumps(bare_vllm(settings, args.device)))
+
+
+def bare_vllm(settings: Settings, device: str) -> dict:
+    """vLLM's own offline way: one LLM.generate call over every prompt, as token ids (the shard
+    job's, built by the same function), with the engine arguments the shard job uses."""
+    from shardinfer.models import choose_dtype, load_tokenizer
+    from shardinfer.tasks.base import LoadContext
+    from shardinfer.tasks.generate import eos_token_ids, prompt_token_ids
+    from shardinfer.tasks.generate_vllm import engine_arguments, generation_config_of, generation_to_vllm
+
+    started = time.perf_counter()
+    from vllm import LLM, SamplingParams
+
+    imported = time.perf_counter()
+    model = settings.model
+    tokenizer = load_tokenizer(model)
+    texts = pd.read_parquet(settings.input.path)[settings.input.text_column].tolist()
+    ids, _ = prompt_token_ids(tokenizer, texts, model.max_length, chat_template=False)
+    config = generation_config_of(model.path)
+    context = LoadContext(settings, torch.device(device), choose_dtype(model.dtype, torch.device(device)))
+    loading = time.perf_counter()
+    llm = LLM(**engine_arguments(context))
+    ready = time.perf_counter()
+    params = SamplingParams(temperature=0.0, max_tokens=model.max_new_tokens, detokenize=False,
+                            stop_token_ids=eos_token_ids(tokenizer, config.get("eos_token_id")),
+                            **generation_to_vllm(config, model.path))
+    outputs = llm.generate([{"prompt_token_ids": row} for row in ids], params, use_tqdm=False)
+    done = time.perf_counter()
+    return {"import_s": imported - started, "start_s": ready - loading, "generate_s": done - ready,
+            "tokens": [list(output.outputs[0].token_ids) for output in outputs],
+            "prompts": [len(row) for row in ids]}
+
+
+def vllm_installed() -> bool:
+    from shardinfer.tasks.generate_vllm import vllm_installed as installed
+
+    return installed()
+
+
 def bench_generate(args: argparse.Namespace, work: Path) -> None:
-    """Same prompts, same max_new_tokens, greedy, same dtype: naive loop, fixed batches of 8, the shard job."""
+    """Same prompts, same max_new_tokens, greedy, same dtype: naive loop, fixed batches of 8, the
+    shard job with each engine and, with vLLM, its bare LLM.generate."""
     shape = args.shape or ("qwen-cpu-gen" if args.device == "cpu" else "qwen-0.5b")
     if not shape.startswith("qwen"):
         raise SystemExit(f"--task generate needs a decoder shape (qwen-cpu-gen, qwen-cpu-small or qwen-0.5b); "
@@ -364,18 +447,23 @@ def bench_generate(args: argparse.Namespace, work: Path) -> None:
                               args.max_new_tokens, max_rows=args.max_rows)
     run_plan(settings.input, 1, args.max_length, str(work / "plan.json"))
     torch.ones(1, device=args.device)  # start CUDA (or not) outside the timings
-    results, seconds = interleaved(args.repeats, {
-        "naive": partial(naive_generate, model_dir, texts[: args.naive_rows], args.device, args.max_new_tokens),
-        "fixed": partial(fixed_batches, model_dir, texts, args.device, args.max_new_tokens),
-        "ours": partial(shard_runner, settings, work)})
-    (stats, frame), naive, fixed = results["ours"], results["naive"], results["fixed"]
+    vllm = dataclasses.replace(settings, task_settings={"engine": "vllm", "vllm": args.vllm_args})
+    variants = {"naive": partial(naive_generate, model_dir, texts[: args.naive_rows], args.device, args.max_new_tokens),
+                "fixed": partial(fixed_batches, model_dir, texts, args.device, args.max_new_tokens),
+                "ours": partial(child, "shard", settings, work, args.device)}
+    if "vllm" in args.engines:
+        variants.update(vllm=partial(child, "shard", vllm, work, args.device),
+                        bare=partial(child, "bare", vllm, work, args.device))
+    results, seconds = interleaved(args.repeats, variants)
+    ours_run, naive, fixed = results["ours"], results["naive"], results["fixed"]
+    stats, frame = ours_run["stats"], ours_run["frame"]
 
     from transformers import AutoTokenizer
 
     tokenizer, prompts = AutoTokenizer.from_pretrained(model_dir), frame["n_prompt_tokens"].to_numpy(np.int64)
     generated = frame["n_generated_tokens"].to_numpy(np.int64)
     costs = prompts + args.max_new_tokens
-    ours = Run(f"shard job (sorted, budget {args.max_tokens} tok)", seconds["ours"], frame["generated"].tolist(),
+    ours = Run(f"shard job, transformers (budget {args.max_tokens} tok)", seconds["ours"], frame["generated"].tolist(),
                generated, prompts, our_batches(costs, settings.batch))
     runs = [baseline_run(f"naive (one generate per row, first {len(naive)})", naive, seconds["naive"], tokenizer, prompts, 1),
             baseline_run("fixed batches of 8 (input order)", fixed, seconds["fixed"], tokenizer, prompts, 8), ours]
@@ -385,6 +473,50 @@ def bench_generate(args: argparse.Namespace, work: Path) -> None:
     sizes = [len(b) for b in ours.batches]
     print(f"shard job: {len(sizes)} batches of {min(sizes)}..{max(sizes)} rows (max_rows {args.max_rows})")
     print_generate(runs)
+    if "vllm" in args.engines:
+        print_engines(ours_run, results["vllm"], results["bare"], seconds, tokenizer, ours)
+
+
+def engine_runs(vllm: dict, bare: dict, seconds: dict, tokenizer, prompts: np.ndarray) -> tuple[Run, Run]:
+    """The vLLM shard job's and the bare engine's Runs (one row per batch: nothing is padded)."""
+    frame = vllm["frame"]
+    singles = [np.array([i]) for i in range(len(frame))]
+    shard = Run("shard job, vLLM engine", seconds["vllm"], frame["generated"].tolist(),
+                frame["n_generated_tokens"].to_numpy(np.int64), prompts, singles)
+    ids = bare["tokens"]
+    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    plain = Run("bare LLM.generate (same token ids)", seconds["bare"], texts,
+                np.asarray([len(row) for row in ids], dtype=np.int64), prompts, singles)
+    return shard, plain
+
+
+def print_engines(ours_run: dict, vllm: dict, bare: dict, seconds: dict, tokenizer, ours: Run) -> None:
+    """Each engine's fixed cost and generation rate, the vLLM shard job against bare LLM.generate,
+    the prompt count above which vLLM wins end to end, and greedy agreement between the engines."""
+    shard, plain = engine_runs(vllm, bare, seconds, tokenizer, ours.prompts)
+    rows = len(ours.texts)
+    print(f"\n{'(own processes, end to end)':42}{'rows':>6}{'rows/s':>9}{'gen tok/s':>11}{'':>10}   seconds per run")
+    for run in (ours, shard, plain):
+        print(run.line())
+    tf_gen, v_gen = ours_run["stats"]["stages"]["device"], vllm["stats"]["stages"]["device"]
+    tf_fixed, v_fixed = ours_run["wall"] - tf_gen, vllm["wall"] - v_gen
+    print(f"fixed cost (process, imports, model load or engine start, writing): transformers {tf_fixed:.1f} s, "
+          f"vLLM {v_fixed:.1f} s (engine start {vllm['stats']['engine_start_s']:.1f} s; bare: import "
+          f"{bare['import_s']:.1f} s, engine start {bare['start_s']:.1f} s)")
+    print(f"generate time: transformers {tf_gen:.1f} s, vLLM shard job {v_gen:.1f} s, bare LLM.generate "
+          f"{bare['generate_s']:.1f} s: shard job / bare = {v_gen / bare['generate_s']:.2f}x; "
+          f"vLLM / transformers rows/s while generating {tf_gen / v_gen:.2f}x, end to end "
+          f"{min(seconds['ours']) / min(seconds['vllm']):.2f}x")
+    per_row_gain = tf_gen / rows - v_gen / rows
+    if per_row_gain > 0:
+        print(f"vLLM wins end to end above ~{max(0, math.ceil((v_fixed - tf_fixed) / per_row_gain))} prompts "
+              f"(fixed cost {v_fixed - tf_fixed:+.1f} s, {1000 * per_row_gain:.1f} ms less per prompt)")
+    else:
+        print("vLLM is not faster per prompt here, so it does not win end to end at any prompt count")
+    for run, reference in ((shard, ours), (plain, shard)):
+        bad = differing(reference, run)
+        print(f"{run.name}: {rows - len(bad)} of {rows} rows ({1 - len(bad) / rows:.1%}) identical to "
+              f"{reference.name}" + (f" (first differing: {bad[:5]})" if bad else ""))
 
 
 def print_generate(runs: list[Run]) -> None:
@@ -466,7 +598,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repetition-penalty", type=float, default=1.3, help="generate: the model's own setting")
     parser.add_argument("--naive-rows", type=int, default=100, help="generate: the naive loop's rows (the first N)")
     parser.add_argument("--repeats", type=int, default=3, help="generate: runs of each variant, in turn; the fastest counts")
+    parser.add_argument("--engines", default=None,
+                        help="generate: transformers,vllm (default: both where vLLM is installed, else transformers)")
+    parser.add_argument("--vllm-args", type=json.loads, default={},
+                        help='generate: generate.vllm for the vLLM variants, as JSON (e.g. \'{"max_num_seqs": 128}\')')
+    parser.add_argument("--child", choices=["shard", "bare"], help=argparse.SUPPRESS)
+    parser.add_argument("--child-settings", help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.engines is None:
+        args.engines = "transformers,vllm" if args.task == "generate" and vllm_installed() else "transformers"
+    args.engines = args.engines.split(",")
     args.max_tokens = args.max_tokens or (16384 if args.device == "cpu" else 65536)
     args.max_rows = args.max_rows or (256 if args.task == "generate" else 1024)
     return args
@@ -474,6 +616,9 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    if args.child:
+        logging.basicConfig(level=logging.WARNING, format="%(message)s")
+        return run_child(args)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("shardinfer.infer").setLevel(logging.INFO)
     work = Path(tempfile.mkdtemp(prefix="shardinfer-bench-"))

@@ -10,15 +10,18 @@ from shardinfer.config import Settings  # noqa: E402
 from shardinfer.infer import ShardJob, run_shard  # noqa: E402
 from shardinfer.jobs import run_job  # noqa: E402
 
-job = ShardJob(
-    settings=Settings.from_dict(snakemake.params.settings),
-    plan_path=snakemake.input.plan,
-    shard=int(snakemake.wildcards.shard),
-    output=snakemake.output.shard,
-    digest=snakemake.params.digest,
-    threads=snakemake.threads,
-    tokens=snakemake.input.get("tokens"),
-    tokenizer_key=snakemake.params.tokenizer_key,
-    files=snakemake.output.get("files"),
-)
-run_job(snakemake.log[0], run_shard, job)
+# Under the guard: a process spawned from this job (a multi-GPU vLLM engine's workers) re-imports
+# this file as __mp_main__ and must not run the shard again.
+if __name__ == "__main__":
+    job = ShardJob(
+        settings=Settings.from_dict(snakemake.params.settings),
+        plan_path=snakemake.input.plan,
+        shard=int(snakemake.wildcards.shard),
+        output=snakemake.output.shard,
+        digest=snakemake.params.digest,
+        threads=snakemake.threads,
+        tokens=snakemake.input.get("tokens"),
+        tokenizer_key=snakemake.params.tokenizer_key,
+        files=snakemake.output.get("files"),
+    )
+    run_job(snakemake.log[0], run_shard, job)

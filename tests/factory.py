@@ -178,6 +178,22 @@ def run_workflow(workdir: Path, config: dict, *args: str, timeout: float = 900) 
     return subprocess.run(command, cwd=workdir, capture_output=True, text=True, env=env, timeout=timeout)
 
 
+def run_workflows(runs: list[tuple[Path, dict]], timeout: float = 900) -> list[subprocess.CompletedProcess]:
+    """Several independent `run_workflow` runs at once: a run of one shard keeps one core busy (its
+    jobs run one after another, each mostly single-threaded), so two or more together fill the
+    machine's cores instead of leaving them idle. Each keeps its own folder and GPU lock folder."""
+    started = []
+    for workdir, config in runs:
+        command, env = prepare_workdir(workdir, config)
+        started.append((command, subprocess.Popen(command, cwd=workdir, env=env, text=True, stdout=subprocess.PIPE,
+                                                  stderr=subprocess.PIPE)))
+    results = []
+    for command, process in started:
+        out, err = process.communicate(timeout=timeout)
+        results.append(subprocess.CompletedProcess(command, process.returncode, out, err))
+    return results
+
+
 def read_predictions(workdir: Path) -> pd.DataFrame:
     return pd.read_parquet(workdir / "results" / "predictions.parquet")
 
@@ -265,7 +281,7 @@ def build_tiny_causal_lm(root: Path) -> Path:
 
     path = root / "tiny-causal-lm"
     config = LlamaConfig(vocab_size=len(CAUSAL_SPECIALS) + len(CAUSAL_WORDS), hidden_size=32, intermediate_size=37,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                          max_position_embeddings=2 * MAX_POSITIONS, pad_token_id=0, bos_token_id=2, eos_token_id=3,
                          tie_word_embeddings=False)
     torch.manual_seed(11)
@@ -275,7 +291,7 @@ def build_tiny_causal_lm(root: Path) -> Path:
             if parameter.dim() == 2:
                 parameter.normal_(0.0, 0.5)
         head = model.lm_head.weight
-        head[3] = 1.25 * head[len(CAUSAL_SPECIALS) + WORDS.index("dog")]
+        head[3] = 1.25 * head[len(CAUSAL_SPECIALS) + WORDS.index("bird")]
     model.save_pretrained(path)
     save_word_tokenizer(path)
     return path

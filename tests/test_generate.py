@@ -209,20 +209,19 @@ def workflow_runs(lm, tmp_path_factory):
     (batches of 3), sampled with 3 shards (batches of 3)."""
     import pandas as pd
 
-    from factory import read_predictions, run_workflow
+    from factory import read_predictions, run_workflows
 
     root = tmp_path_factory.mktemp("generate-runs")
     rng = random.Random(11)
     texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 30))) for _ in range(40)]
     data = root / "prompts.parquet"
     pd.DataFrame({"id": [f"p{i}" for i in range(40)], "text": texts}).to_parquet(data, index=False)
-    frames = {}
-    for name, options, shards, max_rows in (("greedy", {}, 1, 16), ("greedy", {}, 3, 3), ("sampled", SAMPLING, 3, 3)):
-        workdir = root / f"{name}-{shards}"
-        result = run_workflow(workdir, generate_config(data, lm, shards, max_rows, **options))
+    planned = {(name, shards): (root / f"{name}-{shards}", generate_config(data, lm, shards, max_rows, **options))
+               for name, options, shards, max_rows in (("greedy", {}, 1, 16), ("greedy", {}, 3, 3),
+                                                       ("sampled", SAMPLING, 3, 3))}
+    for result in run_workflows(list(planned.values())):  # all at once
         assert result.returncode == 0, result.stdout + result.stderr
-        frames[name, shards] = read_predictions(workdir)
-    return texts, frames
+    return texts, {key: read_predictions(workdir) for key, (workdir, _) in planned.items()}
 
 
 def test_generate_through_the_workflow_equals_one_shard_and_the_model_alone(workflow_runs, reference):

@@ -33,7 +33,7 @@ from shardinfer.digests import tokenizer_digest
 from shardinfer.errors import UserError
 from shardinfer.inputs import InputJobs, shared_tokenizer_key
 from shardinfer.shardcount import shard_count_note
-from shardinfer.tasks import may_write_files
+from shardinfer.tasks import may_write_files, task_class
 from shardinfer.terminal import summary_lines
 
 
@@ -63,6 +63,8 @@ INPUTS = {
 NAMED = None not in INPUTS
 # The model, batch and task settings: the same for every input.
 SETTINGS = next(iter(INPUTS.values())).settings
+# The cost a row adds in a batch beyond its tokens (generate: max_new_tokens), which the plan balances.
+PLAN_OVERHEAD = task_class(SETTINGS.model.task).plan_overhead(SETTINGS)
 
 
 def named_path(pattern):

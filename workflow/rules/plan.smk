@@ -15,6 +15,8 @@ rule plan:
         input=input_value("plan_input"),
         shards=input_value("shards"),
         max_length=SETTINGS.model.max_length,
+        # What a row adds to its cost in a batch (generate: max_new_tokens), balanced too.
+        overhead=PLAN_OVERHEAD,
         shard_dir=os.path.dirname(SHARD_FILE),
         files_dir=os.path.dirname(FILES_DIR),
         # Only a rerun trigger: a replaced input with an older mtime replans too.

@@ -16,6 +16,7 @@ from shardinfer.shardcount import check_shard_count
 from shardinfer.shardfile import INDEX_COLUMN
 from shardinfer.tasks import TASKS, is_text_task, output_columns
 from shardinfer.tasks.generate import names_a_generator
+from shardinfer.tasks.generate_vllm import check_vllm_settings
 
 INPUT_NAME = re.compile(r"[A-Za-z0-9_-]+")  # a name of `inputs`: a folder under results/ and logs/
 
@@ -122,6 +123,8 @@ def check_generate(settings: Settings) -> None:
         raise UserError(f"model.max_length {model.max_length} + model.max_new_tokens {model.max_new_tokens} is above "
                         f"the model's limit of {limit} positions; lower max_length to {limit - model.max_new_tokens} "
                         "or less")
+    if settings.task_settings.get("engine") == "vllm":
+        check_vllm_settings(model.path, model.adapter, settings.task_settings)
 
 
 def check_custom_task(settings: Settings) -> None:

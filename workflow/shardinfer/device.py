@@ -17,7 +17,6 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from shardinfer.batching import length_sorted_batches
 from shardinfer.config import BatchSettings
 from shardinfer.errors import UserError
 from shardinfer.tasks.base import Task, Window
@@ -35,7 +34,7 @@ class Prepared:
 
 
 def prepare_batches(task: Task, window: Window, keep: pa.Table, batch: BatchSettings) -> Prepared:
-    planned = length_sorted_batches(window.costs, batch.max_tokens, batch.max_rows)
+    planned = task.batches(window, batch)
     return Prepared(window, keep, [(positions, task.collate(window, positions)) for positions in planned])
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from shardinfer.config import Settings
 from shardinfer.errors import UserError
+from shardinfer.tasks import task_class
 
 
 def directory_fingerprint(path: str | None, recursive: bool = False) -> list:
@@ -64,6 +65,9 @@ def output_digest(settings: Settings) -> str:
         "adapter_files": directory_fingerprint(settings.model.adapter),
         "code": entrypoint_digest(settings.model.entrypoint),
     }
+    extra = task_class(settings.model.task).identity(settings)  # e.g. the vLLM engine's version
+    if extra:  # absent otherwise, so that the other tasks' digests stay as they were
+        relevant["task"] = extra
     return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
 

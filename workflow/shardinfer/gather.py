@@ -294,6 +294,12 @@ def token_lengths(shards: list[ShardFile]) -> dict[str, int]:
     return {str(length): total[length] for length in sorted(total)}
 
 
+# A shard job's stats that the summary holds once for the run (the histogram), or beside them (rows).
+# Every other stat a job records (a task's own, such as generated_tokens or engine_start_s) is in
+# its per_shard entry as recorded: no list of them to keep here.
+PER_SHARD_AGGREGATED = ("rows", "token_lengths")
+
+
 def summarize(plan: Plan, shards: list[ShardFile], inp: InputSettings, model: dict) -> dict:
     run = run_facts(plan, shards, model)
     return {
@@ -307,9 +313,7 @@ def summarize(plan: Plan, shards: list[ShardFile], inp: InputSettings, model: di
         "per_shard": [
             {"shard": s.shard, "start": plan.ranges[s.shard][0], "end": plan.ranges[s.shard][1], "rows": s.rows,
              "estimated_tokens": plan.costs[s.shard],
-             **{k: s.stats.get(k) for k in ("real_tokens", "padding_ratio", "seconds", "bound_by", "device", "dtype",
-                                            "truncated", "first_truncated_rows", "stages", "started",
-                                            "ended")}}
+             **{k: v for k, v in s.stats.items() if k not in PER_SHARD_AGGREGATED}}
             for s in shards
         ],
         "run": run,

@@ -26,7 +26,6 @@ import pyarrow as pa
 import torch
 
 from shardinfer.atomic import atomic_parquet_writer
-from shardinfer.batching import padded_tokens
 from shardinfer.config import Settings
 from shardinfer.content import ContentHasher
 from shardinfer.device import predict_window, prepare_batches
@@ -68,12 +67,12 @@ class Counters:
     truncated_rows: list[int] = field(default_factory=list)
     lengths: Counter = field(default_factory=Counter)  # rows per real token length, for the report's histogram
 
-    def count(self, window: Window, batches: list[np.ndarray]) -> None:
+    def count(self, window: Window, padded: int) -> None:
         """A window's real and padded cost (tokens for text tasks), length histogram and cut rows."""
         real = window.real
         self.real_tokens += int(real.sum())
         self.lengths.update(real.tolist())
-        self.padded_tokens += padded_tokens(real, batches)
+        self.padded_tokens += padded
         self.truncated += len(window.truncated)
         self.truncated_rows.extend(window.first + i for i in window.truncated[: 5 - len(self.truncated_rows)])
 
@@ -208,7 +207,8 @@ def write_shard(job: ShardJob, plan: Plan, runtime: Runtime, began: float) -> di
 
     def batch(item):
         prepared = prepare_batches(task, *item, settings.batch)
-        counters.count(prepared.window, [positions for positions, _ in prepared.batches])
+        planned = [positions for positions, _ in prepared.batches]
+        counters.count(prepared.window, task.padded_tokens(prepared.window, planned))
         return prepared
 
     # Commit order: the table is closed, then the files folder takes its name, then the table.

@@ -44,7 +44,8 @@ PLAN_VERSION = 6
 
 CHARS_PER_TOKEN = 4
 SPECIAL_TOKENS = 2
-COST_ESTIMATE = f"tokens per row ~ ceil(characters / {CHARS_PER_TOKEN}) + {SPECIAL_TOKENS}, at most max_length"
+COST_ESTIMATE = (f"tokens per row ~ ceil(characters / {CHARS_PER_TOKEN}) + {SPECIAL_TOKENS}, at most max_length, "
+                 "+ the task's overhead per row (generate: max_new_tokens)")
 
 
 def estimated_tokens(chars: np.ndarray, max_length: int) -> np.ndarray:
@@ -107,13 +108,15 @@ class Plan:
             part.check_unchanged()
 
 
-def make_plan(inp: InputSettings, shards: int, max_length: int, staged_dir: str | None = None) -> Plan:
-    """Scan the input and cut it into `shards` ranges of about equal estimated cost; an empty or
+def make_plan(inp: InputSettings, shards: int, max_length: int, staged_dir: str | None = None,
+              overhead: int = 0) -> Plan:
+    """Scan the input and cut it into `shards` ranges of about equal estimated cost (each row's
+    tokens plus the task's `overhead`, what its batches pay: `Task.plan_overhead`); an empty or
     unusable input is refused. Parts that the shards could not read by range are staged into
     `staged_dir` (`input.stage`; None: none is)."""
     scan = scan_parts(inp)
     check_rows(inp, scan)
-    row_costs = estimated_tokens(scan.chars(), max_length)
+    row_costs = estimated_tokens(scan.chars(), max_length) + overhead
     ranges = tuple(balanced_ranges(row_costs, shards))
     costs = tuple(int(row_costs[s:e].sum()) for s, e in ranges)
     body = {"input_path": inp.path, "parts": [asdict(part) for part in scan.parts], "rows": scan.rows,
@@ -237,15 +240,15 @@ def _numbered(folder: str, pattern: str) -> list[tuple[int, Path]]:
 
 
 def run_plan(inp: InputSettings, shards: int, max_length: int, plan_path: str, shard_dir: str | None = None,
-             files_dir: str | None = None, staged_dir: str | None = None) -> Plan:
+             files_dir: str | None = None, staged_dir: str | None = None, overhead: int = 0) -> Plan:
     """The plan rule: scan, cut, stage, write; logs the ranges."""
-    plan = make_plan(inp, shards, max_length, staged_dir)
+    plan = make_plan(inp, shards, max_length, staged_dir, overhead)
     if shard_dir is not None:
         remove_stale_shards(shard_dir, shards, files_dir)
     write_plan(plan, plan_path)
     sizes = [e - s for s, e in plan.ranges]
     parts = f" ({len(plan.parts)} parts)" if len(plan.parts) > 1 else ""
-    log.info("planned %d rows of %s%s into %d shards (rows %d..%d, estimated tokens %d..%d), plan %s",
+    log.info("planned %d rows of %s%s into %d shards (rows %d..%d, estimated cost in tokens %d..%d), plan %s",
              plan.rows, inp.path, parts, plan.shards, min(sizes), max(sizes), min(plan.costs), max(plan.costs),
              plan.plan_id)
     return plan

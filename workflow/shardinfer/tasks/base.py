@@ -8,6 +8,8 @@ about the task:
     batch = task.collate(window, positions)    # rows of one batch -> host-side inputs
     results = task.predict(batch)              # -> {name: per-row values}, first axis = rows
     columns = task.to_arrow(results, index)    # the window's results, in row order -> Arrow
+    # (`task.batches(window, settings)` cuts the window; an engine that schedules rows itself
+    # takes it whole)
 
 `prepare` and `collate` run in background workers, `predict` on the device thread, `to_arrow` in
 the writer. Batching is the runner's: rows are sorted by cost and cut under `batch.max_tokens`
@@ -32,7 +34,8 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from shardinfer.config import Settings
+from shardinfer.batching import length_sorted_batches, padded_tokens
+from shardinfer.config import BatchSettings, Settings
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,25 @@ class Task:
     @classmethod
     def load(cls, context: LoadContext) -> Task:
         raise NotImplementedError
+
+    @classmethod
+    def plan_overhead(cls, settings: Settings) -> int:
+        """Cost a row adds in a batch beyond its estimated tokens, which the plan's balance counts too."""
+        return 0
+
+    @classmethod
+    def identity(cls, settings: Settings) -> dict:
+        """What else decides this task's outputs beyond its settings (an engine's version): in the
+        shard digest. Torch-free: called when the Snakefile loads."""
+        return {}
+
+    def batches(self, window: Window, batch: BatchSettings) -> list[np.ndarray]:
+        """The window's batches as row positions: sorted by cost under the batch budget."""
+        return length_sorted_batches(window.costs, batch.max_tokens, batch.max_rows)
+
+    def padded_tokens(self, window: Window, batches: list[np.ndarray]) -> int:
+        """Cost the batches pay, padding included (each batch: rows x its highest real cost)."""
+        return padded_tokens(window.real, batches)
 
     def prepare(self, first: int, table: pa.Table) -> Window:
         """A window of rows (`table`: the task's input columns) -> costs and the task's data."""

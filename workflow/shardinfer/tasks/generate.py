@@ -38,7 +38,7 @@ from shardinfer.tasks.text import TextTask
 from shardinfer.tokens import TokenWindow
 
 DEFAULTS = {"chat_template": False, "system_prompt": None, "do_sample": False, "temperature": 1.0, "top_p": 1.0,
-            "seed": 0, "stop": []}
+            "seed": 0, "stop": [], "engine": "transformers", "vllm": {}}
 FINISH = ("length", "eos", "stop")  # finish codes 0, 1, 2
 CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel", "WithLMHead", "ForConditionalGeneration",
                    "GenerationDecoder")  # class names with a generation head
@@ -75,9 +75,16 @@ class FinishRecorder:
         return self.steps > 0
 
 
-def eos_token_ids(tokenizer, model) -> list[int]:
-    """The tokenizer's eos and the model's generation_config ones (chat models often add a turn end)."""
-    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+def generation_options(task_settings: dict) -> dict:
+    """The `generate:` section with every default filled in (`DEFAULTS`), stop strings as a list."""
+    options = {**DEFAULTS, **{k: v for k, v in task_settings.items() if v is not None}}
+    options["stop"] = list(options["stop"] or [])
+    return options
+
+
+def eos_token_ids(tokenizer, configured) -> list[int]:
+    """The tokenizer's eos and the generation_config's (`configured`: an id or a list; chat models
+    often add a turn end)."""
     configured = [configured] if isinstance(configured, int) else list(configured or [])
     ids = [tokenizer.eos_token_id, *configured]
     return sorted({int(i) for i in ids if i is not None})
@@ -87,6 +94,20 @@ def cut_at_stop(text: str, stops: list[str]) -> str:
     """The text before the stop string that ends first (the one that stopped the row)."""
     found = [(text.find(s) + len(s), text.find(s)) for s in stops if s in text]
     return text[: min(found)[1]] if found else text
+
+
+def prompt_token_ids(tokenizer, prompts: list[str], max_length: int, chat_template: bool
+                     ) -> tuple[list[list[int]], list[int]]:
+    """Token ids per prompt, cut from the left to max_length (a leading BOS kept), and the cut
+    positions: what both engines are given."""
+    special = not chat_template  # a chat template writes its own special tokens
+    ids = tokenizer(prompts, add_special_tokens=special, truncation=False, verbose=False)["input_ids"]
+    bos = tokenizer.bos_token_id
+    truncated = [i for i, row in enumerate(ids) if len(row) > max_length]
+    for i in truncated:
+        keep = 1 if bos is not None and ids[i][0] == bos and max_length > 1 else 0
+        ids[i] = ids[i][:keep] + ids[i][len(ids[i]) - (max_length - keep):]
+    return ids, truncated
 
 
 def not_a_generator(loaded) -> str | None:
@@ -111,14 +132,39 @@ class Generate(TextTask):
     outputs = {"generated": "string", "n_prompt_tokens": "int32", "n_generated_tokens": "int32",
                "finish_reason": "string"}
 
-    def __init__(self, loaded, tokenizer, pad_id: int, context) -> None:
+    def __init__(self, loaded, tokenizer, pad_id: int, context, configured_eos=None) -> None:
+        """`configured_eos`: the generation_config's eos id(s) when there is no loaded model to ask."""
         super().__init__(loaded, tokenizer, pad_id, context)
-        self.options = {**DEFAULTS, **{k: v for k, v in context.settings.task_settings.items() if v is not None}}
-        self.options["stop"] = list(self.options["stop"] or [])
+        self.options = generation_options(context.settings.task_settings)
         self.max_new_tokens = int(context.settings.model.max_new_tokens)
-        self.eos_ids = eos_token_ids(tokenizer, self.model)
-        self.stop_criteria = self.stop_strings_criteria()
+        if loaded is not None:
+            configured_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        self.eos_ids = eos_token_ids(tokenizer, configured_eos)
+        self.stop_criteria = self.stop_strings_criteria() if loaded is not None else None
         self.generated_tokens = 0
+
+    @classmethod
+    def load(cls, context) -> Generate:
+        """The engine `generate.engine` names: transformers' model.generate, or vLLM's engine."""
+        if generation_options(context.settings.task_settings)["engine"] == "vllm":
+            from shardinfer.tasks.generate_vllm import VllmGenerate
+
+            return VllmGenerate.load(context)
+        return super().load(context)
+
+    @classmethod
+    def plan_overhead(cls, settings) -> int:
+        """Each row may add max_new_tokens to its prompt in the KV cache: the plan counts them too."""
+        return int(settings.model.max_new_tokens or 0)
+
+    @classmethod
+    def identity(cls, settings) -> dict:
+        """The engine's build and version, when it is vLLM's: another version may give other text."""
+        if generation_options(settings.task_settings)["engine"] != "vllm":
+            return {}
+        from shardinfer.tasks.generate_vllm import engine_identity
+
+        return engine_identity(settings.task_settings)
 
     def check(self) -> None:
         reason = not_a_generator(self.loaded)
@@ -148,15 +194,7 @@ class Generate(TextTask):
                                                    add_generation_prompt=True) for text in texts]
 
     def encode(self, prompts: list[str]) -> tuple[list[list[int]], list[int]]:
-        """Token ids per prompt, cut from the left to max_length (a leading BOS kept); cut positions."""
-        special = not self.options["chat_template"]  # a chat template writes its own special tokens
-        ids = self.tokenizer(prompts, add_special_tokens=special, truncation=False, verbose=False)["input_ids"]
-        limit, bos = self.settings.model.max_length, self.tokenizer.bos_token_id
-        truncated = [i for i, row in enumerate(ids) if len(row) > limit]
-        for i in truncated:
-            keep = 1 if bos is not None and ids[i][0] == bos and limit > 1 else 0
-            ids[i] = ids[i][:keep] + ids[i][len(ids[i]) - (limit - keep):]
-        return ids, truncated
+        return prompt_token_ids(self.tokenizer, prompts, self.settings.model.max_length, self.options["chat_template"])
 
     def token_ids(self, first: int, table: pa.Table) -> TokenWindow:
         return TokenWindow(first, *self.encode(self.prompts(table)))

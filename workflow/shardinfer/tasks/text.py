@@ -20,7 +20,8 @@ class TextTask(Task):
     padding_side: ClassVar[str | None] = None  # None: the tokenizer's own
 
     def __init__(self, loaded, tokenizer, pad_id: int, context: LoadContext) -> None:
-        self.model = loaded.model
+        """`loaded`: the transformers model, or None where an engine of its own runs it (vLLM)."""
+        self.model = loaded.model if loaded is not None else None
         self.loaded = loaded
         self.tokenizer = tokenizer
         self.settings = context.settings

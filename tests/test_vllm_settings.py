@@ -1,0 +1,155 @@
+"""The vLLM engine's settings and checks, without starting it: what reaches `LLM(...)` and
+`SamplingParams`, what is refused in one line, how outputs are matched back to rows and how their
+endings map to ours. The engine itself runs in tests/test_vllm.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from factory import build_tiny_causal_lm, settings_for
+from shardinfer.config import BatchSettings, ModelSettings
+from shardinfer.digests import output_digest
+from shardinfer.errors import UserError
+from shardinfer.tasks.base import LoadContext
+from shardinfer.tasks.generate import Generate
+from shardinfer.tasks.generate_vllm import (EngineProgress, check_lora, check_vllm_settings, engine_arguments,
+                                            finish_code, generation_to_vllm, matched_results, row_seed)
+
+EOS = [3, 9]
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    return build_tiny_causal_lm(tmp_path_factory.mktemp("causal"))
+
+
+def generate_settings(path, adapter=None, **options):
+    model = ModelSettings(path=str(path), adapter=adapter and str(adapter), task="generate", max_length=24,
+                          dtype="auto", trust_remote_code=False, allow_pickle=False, max_new_tokens=10)
+    return settings_for(model, batch=BatchSettings(1000, 4, 64), task_settings=options)
+
+
+def adapter_dir(tmp_path, **config):
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 4, **config}))
+    return tmp_path
+
+
+@pytest.mark.parametrize("ranks,allowed", [((4, {}), 8), ((8, {}), 8), ((16, {"q_proj": 48}), 64), ((300, {}), 320)])
+def test_lora_rank_rounds_up_to_one_vllm_allows(tmp_path, ranks, allowed):
+    rank, pattern = ranks
+    assert check_lora(str(adapter_dir(tmp_path, r=rank, rank_pattern=pattern))) == allowed
+
+
+@pytest.mark.parametrize("config,says", [
+    ({"r": 1024}, "has rank 1024; vLLM loads ranks up to 512"),
+    ({"use_dora": True}, "uses DoRA"),
+    ({"modules_to_save": ["lm_head"]}, "uses modules_to_save"),
+    ({"bias": "all"}, "uses bias"),
+    ({"peft_type": "IA3"}, "is a IA3 adapter"),
+])
+def test_an_adapter_vllm_cannot_load_is_refused_in_one_line(tmp_path, config, says):
+    with pytest.raises(UserError, match=says) as refused:
+        check_lora(str(adapter_dir(tmp_path, **config)))
+    assert "\n" not in str(refused.value)
+
+
+def test_the_generation_config_reaches_sampling_params_or_is_refused():
+    assert generation_to_vllm({"repetition_penalty": 1.3, "min_new_tokens": 2, "top_k": 50}, "m") == \
+        {"repetition_penalty": 1.3, "min_tokens": 2}  # top_k is sampling-only: model.generate ignores it greedy
+    assert generation_to_vllm({"repetition_penalty": 1.0, "no_repeat_ngram_size": 0}, "m") == {}
+    with pytest.raises(UserError, match="sets no_repeat_ngram_size = 3, which vLLM's SamplingParams cannot apply"):
+        generation_to_vllm({"no_repeat_ngram_size": 3}, "m")
+
+
+def test_arguments_the_workflow_sets_are_refused_in_generate_vllm(lm):
+    check_vllm_settings(str(lm), None, {"vllm": {"max_num_seqs": 8}})
+    for key in ("max_model_len", "seed", "dtype", "model"):
+        with pytest.raises(UserError, match=f"generate.vllm.{key} is set by the workflow"):
+            check_vllm_settings(str(lm), None, {"vllm": {key: 1}})
+
+
+def test_engine_arguments_on_cpu(lm, tmp_path):
+    context = LoadContext(generate_settings(lm, vllm={"max_num_seqs": 8}), torch.device("cpu"), torch.float32)
+    arguments = engine_arguments(context)
+    assert arguments["max_model_len"] == 34 and arguments["dtype"] == "float32" and arguments["enforce_eager"]
+    # 2 layers x 2 KV heads x 32 dims x keys and values x 4 bytes = 1 KiB a token, for 8 rows of 34 tokens
+    assert arguments["kv_cache_memory_bytes"] == 1024 * 34 * 8 and arguments["max_num_seqs"] == 8
+    assert "enable_lora" not in arguments
+    user = engine_arguments(dataclasses.replace(context, settings=generate_settings(
+        lm, vllm={"gpu_memory_utilization": 0.05, "enforce_eager": False})))
+    assert "kv_cache_memory_bytes" not in user and user["gpu_memory_utilization"] == 0.05 and not user["enforce_eager"]
+    adapted = engine_arguments(dataclasses.replace(context, settings=generate_settings(lm, adapter_dir(tmp_path))))
+    assert (adapted["enable_lora"], adapted["max_loras"], adapted["max_lora_rank"]) == (True, 1, 8)
+
+
+def test_the_engine_and_its_settings_are_in_the_shard_digest(lm):
+    plain, vllm = generate_settings(lm), generate_settings(lm, engine="vllm")
+    digests = {output_digest(plain), output_digest(vllm), output_digest(generate_settings(lm, engine="vllm", vllm={
+        "max_num_seqs": 8}))}
+    assert len(digests) == 3
+    assert Generate.identity(plain) == {} and Generate.identity(vllm)["engine"] == "vllm"
+
+
+def test_row_seeds_depend_on_the_seed_and_the_global_index_only():
+    seeds = [row_seed(7, i) for i in range(1000)]
+    assert len(set(seeds)) == 1000 and all(0 <= s < 2**63 for s in seeds)
+    assert seeds == [row_seed(7, i) for i in range(1000)] and row_seed(8, 0) != seeds[0]
+
+
+@pytest.mark.parametrize("reason,stop_reason,code", [("length", None, "length"), ("stop", None, "eos"),
+                                                    ("stop", 9, "eos"), ("stop", "fly", "stop")])
+def test_vllm_endings_map_to_ours(reason, stop_reason, code):
+    from shardinfer.tasks.generate import FINISH
+
+    assert FINISH[finish_code(reason, stop_reason, EOS, 5)] == code
+
+
+@pytest.mark.parametrize("reason,stop_reason", [("abort", None), ("error", None), ("repetition", "repetition_detected"),
+                                                ("stop", 42)])
+def test_any_other_ending_fails_naming_the_row(reason, stop_reason):
+    with pytest.raises(UserError, match=rf"^row 5: vLLM ended it with finish_reason '{reason}'"):
+        finish_code(reason, stop_reason, EOS, 5)
+
+
+def output(request_id: str, prompt: list[int], tokens: list[int], reason="length", stop_reason=None, n=1):
+    completion = SimpleNamespace(token_ids=tokens, finish_reason=reason, stop_reason=stop_reason)
+    return SimpleNamespace(request_id=request_id, prompt_token_ids=prompt, outputs=[completion] * n)
+
+
+def test_outputs_are_matched_to_their_rows_by_request_id():
+    ids, index = [[2, 5], [2, 6, 7], [2]], [10, 11, 12]
+    sent = ["0-abcdefgh", "1-12345678", "2-zzzzzzzz"]  # enqueue's ids: the engine's counter plus 8 characters
+    outputs = [output("2", [2], [4, 3], "stop"), output("0", [2, 5], [8, 8]), output("1", [2, 6, 7], [9], "stop", 9)]
+    got = matched_results(sent, outputs, ids, index, EOS)
+    assert [row.tolist() for row in got["tokens"]] == [[8, 8], [9], [4, 3]]
+    assert got["n_prompt_tokens"].tolist() == [2, 3, 1] and got["finish"].tolist() == [0, 1, 1]
+
+
+@pytest.mark.parametrize("outputs,says", [
+    ([output("0", [2, 5], [8])], r"no output for 1 row\(s\), first \[11\]"),
+    ([output("0", [2, 5], [8]), output("0", [2, 5], [8]), output("1", [2, 6], [8])], "returned row 10 twice"),
+    ([output("0", [2, 5], [8]), output("7", [2, 6], [8])], "request '7', which this shard did not send"),
+    ([output("0", [2, 5], [8]), output("1", [2, 6, 6], [8])], "row 11: vLLM ran other prompt token ids"),
+    ([output("0", [2, 5], [8]), output("1", [2, 6], [8], n=2)], "row 11: vLLM returned 2 completions"),
+])
+def test_a_missing_duplicate_or_foreign_output_fails_the_shard(outputs, says):
+    with pytest.raises(UserError, match=says):
+        matched_results(["0-abcdefgh", "1-abcdefgh"], outputs, [[2, 5], [2, 6]], [10, 11], EOS)
+
+
+def test_engine_progress_logs_inside_a_window(caplog):
+    bar = EngineProgress(total=10, interval_s=0.0)
+    with caplog.at_level(logging.INFO, logger="shardinfer.tasks.generate_vllm"):
+        for _ in range(10):
+            bar.update(1)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0].startswith("engine: 1/10 prompts of this window done") and len(lines) == 9  # the last: the shard's
+    assert bar.n == 10 and bar.format_dict["elapsed"] > 0
+    assert np.isfinite(bar.format_dict["elapsed"])

@@ -1,0 +1,46 @@
+"""Task generate on vLLM's engine, driven as the shard runner drives it, in a process of its own
+(the in-process engine binds the process's CPU threads and stays loaded, so not in pytest's):
+
+    python tests/vllm_probe.py <model dir> <texts.json> <out.json>
+
+Writes, for the texts: greedy rows, sampled rows as one window, sampled rows in reversed windows
+(each row at its own global index), a subset alone, and another seed; each row as the task's
+output columns. tests/test_vllm.py compares them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
+
+SAMPLING = {"do_sample": True, "temperature": 1.3, "top_p": 0.95, "seed": 7}
+
+
+def main(model: str, texts_path: str, out_path: str) -> None:
+    import torch
+
+    from shardinfer.tasks.base import LoadContext
+    from shardinfer.tasks.generate import Generate
+    from test_generate import run, settings
+
+    texts = json.loads(Path(texts_path).read_text())
+    task = Generate.load(LoadContext(settings(model, engine="vllm"), torch.device("cpu"), torch.float32))
+    greedy = run(task, texts, max_rows=4)
+    task.options.update(SAMPLING)
+    sampled = run(task, texts, max_rows=4)
+    half = len(texts) // 2
+    reversed_windows = run(task, texts[half:], 4, first=half) + run(task, texts[:half], 4)
+    subset = run(task, texts[5:9], 4, first=5)
+    task.options["seed"] = 8
+    other_seed = run(task, texts, max_rows=4)
+    Path(out_path).write_text(json.dumps({"greedy": greedy, "sampled": sampled, "reversed": reversed_windows,
+                                          "half": half, "subset": subset, "other_seed": other_seed,
+                                          "generated_tokens": task.finish()["generated_tokens"]}))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
