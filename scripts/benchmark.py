@@ -379,7 +379,7 @@ def child(mode: str, settings: Settings, work: Path, device: str) -> dict:
 
         from shardinfer.shardfile import STATS_KEY
 
-        stats = json.loads(pq.ParquetFile(out).schema_arrow.metadata[STATS_KEY])
+        stats = json.loads(pq.ParquetFile(out).metadata.metadata[STATS_KEY])
         return {"wall": wall, "stats": stats, "frame": pd.read_parquet(out)}
     return {"wall": wall, **json.loads(out.read_text())}
 
@@ -397,12 +397,15 @@ def run_child(args: argparse.Namespace) -> None:
 
 def bare_vllm(settings: Settings, device: str) -> dict:
     """vLLM's own offline way: one LLM.generate call over every prompt, as token ids (the shard
-    job's, built by the same function), with the engine arguments the shard job uses."""
+    job's, built by the same function), with the engine arguments and environment the shard job
+    uses, so that the two differ only in what the shard job adds around the engine."""
     from shardinfer.models import choose_dtype, load_tokenizer
     from shardinfer.tasks.base import LoadContext
     from shardinfer.tasks.generate import eos_token_ids, prompt_token_ids
-    from shardinfer.tasks.generate_vllm import engine_arguments, generation_config_of, generation_to_vllm
+    from shardinfer.tasks.generate_vllm import (engine_arguments, engine_environment, generation_config_of,
+                                                generation_to_vllm)
 
+    engine_environment()  # the shard job's: in-process engine, the same CPU threads
     started = time.perf_counter()
     from vllm import LLM, SamplingParams
 
@@ -448,14 +451,18 @@ def bench_generate(args: argparse.Namespace, work: Path) -> None:
     run_plan(settings.input, 1, args.max_length, str(work / "plan.json"))
     torch.ones(1, device=args.device)  # start CUDA (or not) outside the timings
     vllm = dataclasses.replace(settings, task_settings={"engine": "vllm", "vllm": args.vllm_args})
-    variants = {"naive": partial(naive_generate, model_dir, texts[: args.naive_rows], args.device, args.max_new_tokens),
-                "fixed": partial(fixed_batches, model_dir, texts, args.device, args.max_new_tokens),
-                "ours": partial(child, "shard", settings, work, args.device)}
+    variants = {} if args.engines_only else {
+        "naive": partial(naive_generate, model_dir, texts[: args.naive_rows], args.device, args.max_new_tokens),
+        "fixed": partial(fixed_batches, model_dir, texts, args.device, args.max_new_tokens)}
+    variants["ours"] = partial(child, "shard", settings, work, args.device)
     if "vllm" in args.engines:
         variants.update(vllm=partial(child, "shard", vllm, work, args.device),
                         bare=partial(child, "bare", vllm, work, args.device))
+    runs_of = {name: [] for name in variants}  # every repeat's result of the child variants, for their parts
+    variants.update({name: partial(kept, runs_of[name], variants[name]) for name in ("ours", "vllm", "bare")
+                     if name in variants})
     results, seconds = interleaved(args.repeats, variants)
-    ours_run, naive, fixed = results["ours"], results["naive"], results["fixed"]
+    ours_run = results["ours"]
     stats, frame = ours_run["stats"], ours_run["frame"]
 
     from transformers import AutoTokenizer
@@ -465,16 +472,25 @@ def bench_generate(args: argparse.Namespace, work: Path) -> None:
     costs = prompts + args.max_new_tokens
     ours = Run(f"shard job, transformers (budget {args.max_tokens} tok)", seconds["ours"], frame["generated"].tolist(),
                generated, prompts, our_batches(costs, settings.batch))
-    runs = [baseline_run(f"naive (one generate per row, first {len(naive)})", naive, seconds["naive"], tokenizer, prompts, 1),
-            baseline_run("fixed batches of 8 (input order)", fixed, seconds["fixed"], tokenizer, prompts, 8), ours]
     print(f"\n{shape} on {stats['device']} in {stats['dtype']}, {rows} rows, prompts {prompts.min()}..{prompts.max()} "
           f"tokens (median {int(np.median(prompts))}), max_new_tokens {args.max_new_tokens}, greedy")
     print(length_summary(generated, frame["finish_reason"], args.max_new_tokens))
     sizes = [len(b) for b in ours.batches]
     print(f"shard job: {len(sizes)} batches of {min(sizes)}..{max(sizes)} rows (max_rows {args.max_rows})")
-    print_generate(runs)
+    if not args.engines_only:
+        naive, fixed = results["naive"], results["fixed"]
+        print_generate([baseline_run(f"naive (one generate per row, first {len(naive)})", naive, seconds["naive"],
+                                     tokenizer, prompts, 1),
+                        baseline_run("fixed batches of 8 (input order)", fixed, seconds["fixed"], tokenizer, prompts, 8),
+                        ours])
     if "vllm" in args.engines:
-        print_engines(ours_run, results["vllm"], results["bare"], seconds, tokenizer, ours)
+        print_engines(runs_of["ours"], runs_of["vllm"], runs_of["bare"], seconds, tokenizer, ours)
+
+
+def kept(into: list, function: Callable[[], Any]) -> Any:
+    """`function()`, its result also appended to `into`."""
+    into.append(function())
+    return into[-1]
 
 
 def engine_runs(vllm: dict, bare: dict, seconds: dict, tokenizer, prompts: np.ndarray) -> tuple[Run, Run]:
@@ -490,21 +506,37 @@ def engine_runs(vllm: dict, bare: dict, seconds: dict, tokenizer, prompts: np.nd
     return shard, plain
 
 
-def print_engines(ours_run: dict, vllm: dict, bare: dict, seconds: dict, tokenizer, ours: Run) -> None:
-    """Each engine's fixed cost and generation rate, the vLLM shard job against bare LLM.generate,
-    the prompt count above which vLLM wins end to end, and greedy agreement between the engines."""
-    shard, plain = engine_runs(vllm, bare, seconds, tokenizer, ours.prompts)
+def fastest(runs: list[dict], part) -> dict:
+    """The repeat whose `part` (a function of a run's result) took the least seconds."""
+    return min(runs, key=part)
+
+
+def print_engines(ours_runs: list[dict], vllm_runs: list[dict], bare_runs: list[dict], seconds: dict, tokenizer,
+                  ours: Run) -> None:
+    """Each engine's fixed cost and generation rate (each from its fastest repeat), the vLLM
+    shard job against bare LLM.generate, the prompt count above which vLLM wins end to end, and
+    greedy agreement between the engines."""
+    generating = lambda run: run["stats"]["stages"]["device"]  # noqa: E731
+    ours_run, vllm, bare = (fastest(ours_runs, generating), fastest(vllm_runs, generating),
+                            fastest(bare_runs, lambda run: run["generate_s"]))
+    shard, plain = engine_runs(vllm_runs[-1], bare_runs[-1], seconds, tokenizer, ours.prompts)
     rows = len(ours.texts)
     print(f"\n{'(own processes, end to end)':42}{'rows':>6}{'rows/s':>9}{'gen tok/s':>11}{'':>10}   seconds per run")
     for run in (ours, shard, plain):
         print(run.line())
-    tf_gen, v_gen = ours_run["stats"]["stages"]["device"], vllm["stats"]["stages"]["device"]
-    tf_fixed, v_fixed = ours_run["wall"] - tf_gen, vllm["wall"] - v_gen
-    print(f"fixed cost (process, imports, model load or engine start, writing): transformers {tf_fixed:.1f} s, "
-          f"vLLM {v_fixed:.1f} s (engine start {vllm['stats']['engine_start_s']:.1f} s; bare: import "
-          f"{bare['import_s']:.1f} s, engine start {bare['start_s']:.1f} s)")
-    print(f"generate time: transformers {tf_gen:.1f} s, vLLM shard job {v_gen:.1f} s, bare LLM.generate "
-          f"{bare['generate_s']:.1f} s: shard job / bare = {v_gen / bare['generate_s']:.2f}x; "
+    tf_gen, v_gen = generating(ours_run), generating(vllm)
+    tf_fixed = min(run["wall"] - generating(run) for run in ours_runs)
+    v_fixed = min(run["wall"] - generating(run) for run in vllm_runs)
+    engine_start = min(run["stats"]["engine_start_s"] for run in vllm_runs)
+    bare_import, bare_start = min(run["import_s"] for run in bare_runs), min(run["start_s"] for run in bare_runs)
+    each = "/".join(f"{generating(run):.1f}" for run in vllm_runs)
+    each_bare = "/".join(f"{run['generate_s']:.1f}" for run in bare_runs)
+    print(f"fixed cost (process, imports, model load or engine start, writing; fastest repeat): transformers "
+          f"{tf_fixed:.1f} s, vLLM {v_fixed:.1f} s (engine start {engine_start:.1f} s; bare: import "
+          f"{bare_import:.1f} s, engine start {bare_start:.1f} s)")
+    print(f"generate time (fastest repeat): transformers {tf_gen:.1f} s, vLLM shard job {v_gen:.1f} s, bare "
+          f"LLM.generate {bare['generate_s']:.1f} s: shard job / bare = {v_gen / bare['generate_s']:.2f}x "
+          f"(each repeat: {each} against {each_bare}); "
           f"vLLM / transformers rows/s while generating {tf_gen / v_gen:.2f}x, end to end "
           f"{min(seconds['ours']) / min(seconds['vllm']):.2f}x")
     per_row_gain = tf_gen / rows - v_gen / rows
@@ -600,6 +632,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="generate: runs of each variant, in turn; the fastest counts")
     parser.add_argument("--engines", default=None,
                         help="generate: transformers,vllm (default: both where vLLM is installed, else transformers)")
+    parser.add_argument("--engines-only", action="store_true",
+                        help="generate: only the shard job per engine and bare LLM.generate (no naive loop, no fixed batches)")
     parser.add_argument("--vllm-args", type=json.loads, default={},
                         help='generate: generate.vllm for the vLLM variants, as JSON (e.g. \'{"max_num_seqs": 128}\')')
     parser.add_argument("--child", choices=["shard", "bare"], help=argparse.SUPPRESS)

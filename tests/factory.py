@@ -270,7 +270,8 @@ def save_word_tokenizer(path: Path) -> None:
 
 
 def build_tiny_causal_lm(root: Path) -> Path:
-    """A tiny Llama (hidden 32, two layers) over WORDS, saved with its word-level tokenizer.
+    """A tiny Llama (hidden 32, two layers, heads of 32 dimensions: the smallest vLLM's CPU attention
+    takes) over WORDS, saved with its word-level tokenizer.
 
     Weights are drawn with a large spread (normal(0, 0.5)) so greedy logits are far from ties, and the
     eos row of the head copies a word's row, scaled up: eos wins wherever that word would lead

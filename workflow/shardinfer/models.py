@@ -16,7 +16,7 @@ from safetensors import safe_open
 
 from shardinfer.config import ModelSettings
 from shardinfer.digests import VOCABULARY_FILES, is_vocabulary_file
-from shardinfer.errors import UserError
+from shardinfer.errors import UserError, first_line
 from shardinfer.labels import HEAD_MODULES, base_label_names, label_names
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def load_tokenizer(settings: ModelSettings):
             settings.path, local_files_only=True, trust_remote_code=settings.trust_remote_code
         )
     except (OSError, ValueError, TypeError) as error:
-        raise UserError(f"model.path `{settings.path}`: no usable tokenizer there ({_first_line(error)})") from error
+        raise UserError(f"model.path `{settings.path}`: no usable tokenizer there ({first_line(error)})") from error
 
 
 def settle_pad_token(tokenizer, model) -> int:
@@ -122,7 +122,7 @@ def load_model(settings: ModelSettings, auto_class, dtype: torch.dtype, device: 
             **label_overrides(settings, names),
         )
     except (OSError, ValueError, KeyError) as error:
-        raise UserError(f"model.path `{settings.path}`: cannot load it as {auto_class.__name__} ({_first_line(error)})") from error
+        raise UserError(f"model.path `{settings.path}`: cannot load it as {auto_class.__name__} ({first_line(error)})") from error
     # A head resized to the adapter's labels is new, like a missing one: the adapter must supply it.
     missing = set(info.get("missing_keys", ())) | {key for key, *_ in info.get("mismatched_keys", ())}
     keys: set[str] = set()
@@ -210,18 +210,9 @@ def apply_adapter(model, settings: ModelSettings, head_keys: set[str]):
     try:
         peft_model = PeftModel.from_pretrained(model, settings.adapter, is_trainable=False)
     except (OSError, ValueError, RuntimeError, KeyError) as error:
-        raise UserError(f"model.adapter `{settings.adapter}`: cannot apply it to `{settings.path}` ({_first_line(error)})") from error
+        raise UserError(f"model.adapter `{settings.adapter}`: cannot apply it to `{settings.path}` ({first_line(error)})") from error
     keys = adapter_weight_keys(settings.adapter)
     if hasattr(peft_model, "merge_and_unload"):
         return peft_model.merge_and_unload(), keys
     return peft_model, keys
 
-
-def _first_line(error: BaseException) -> str:
-    """The telling line of a library error: torch's state-dict errors put it after a heading."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    if not lines:
-        return type(error).__name__
-    if lines[0].endswith(":") and len(lines) > 1:
-        return f"{lines[0]} {lines[1]}"
-    return lines[0]

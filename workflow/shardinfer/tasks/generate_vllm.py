@@ -26,6 +26,7 @@ This module imports vLLM inside its functions only: the config checks read its s
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -36,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from shardinfer.errors import UserError
+from shardinfer.errors import UserError, first_line
+from shardinfer.config import ModelSettings
 from shardinfer.tasks.base import LoadContext, Window
 from shardinfer.tasks.generate import FINISH, Generate
 
@@ -52,6 +54,7 @@ OWNED_ARGUMENTS = {"model": "model.path", "tokenizer": "model.path", "dtype": "m
                    "max_loras": "model.adapter", "generation_config": "the model's generation_config, read as the "
                    "transformers engine reads it", "skip_tokenizer_init": "model.path's tokenizer",
                    "seed": "generate.seed (one per row)"}
+ONE_DEVICE = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")  # a shard job has one GPU
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's MaxLoRARanks
 # generation_config entries that model.generate applies to greedy search too, and their vLLM names;
 # those with no vLLM counterpart are refused rather than silently dropped.
@@ -82,8 +85,6 @@ def engine_identity(options: dict) -> dict:
 
 def vllm_installed() -> bool:
     """Whether `import vllm` can find it (without importing it: seconds)."""
-    import importlib.util
-
     try:
         return importlib.util.find_spec("vllm") is not None
     except ImportError:
@@ -95,9 +96,12 @@ def check_vllm_settings(model_path: str, adapter: str | None, options: dict) -> 
     can load, and a generation_config the engine can follow."""
     if not vllm_installed():
         raise UserError(f"generate.engine vllm needs vLLM, which is not installed here: {INSTALL_HINT}")
-    for key in options.get("vllm") or {}:
+    for key, value in (options.get("vllm") or {}).items():
         if key in OWNED_ARGUMENTS:
             raise UserError(f"generate.vllm.{key} is set by the workflow (from {OWNED_ARGUMENTS[key]}); leave it out")
+        if key in ONE_DEVICE and value not in (1, None):
+            raise UserError(f"generate.vllm.{key} is {value!r}, but a shard job leases one GPU (resources: gpu=1); "
+                            "leave it at 1 and run more shards instead")
     if adapter is not None:
         check_lora(adapter)
     generation_to_vllm(generation_config_of(model_path), model_path)
@@ -111,7 +115,7 @@ def check_lora(adapter: str) -> int:
         raise UserError(f"{what} is a {config.get('peft_type')} adapter; generate.engine vllm loads LoRA adapters only")
     for key, fine, reason in (("use_dora", False, "DoRA"), ("lora_bias", False, "LoRA bias"), ("bias", "none", "bias"),
                               ("modules_to_save", None, "modules_to_save")):
-        if config.get(key, fine) not in (fine, [], None if fine is None else fine):
+        if config.get(key) not in (fine, None, []):
             raise UserError(f"{what} uses {reason} ({key}: {config[key]!r}), which vLLM cannot load; "
                             "use generate.engine transformers for it")
     ranks = [int(config.get("r", 8)), *(int(r) for r in (config.get("rank_pattern") or {}).values())]
@@ -123,9 +127,15 @@ def check_lora(adapter: str) -> int:
 
 
 def generation_config_of(model_path: str) -> dict:
-    """The model folder's generation_config.json, as model.generate reads it ({} when absent)."""
-    file = Path(model_path) / "generation_config.json"
-    return json.loads(file.read_text()) if file.is_file() else {}
+    """The generation settings model.generate reads: the folder's generation_config.json, or where
+    there is none, the generation keys of its config.json (transformers' from_model_config)."""
+    folder = Path(model_path)
+    if (folder / "generation_config.json").is_file():
+        return json.loads((folder / "generation_config.json").read_text())
+    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+    config = {**config.get("text_config", {}), **config}
+    keys = ("eos_token_id", *GENERATION_MAPPED, *GENERATION_UNMATCHED)
+    return {key: config[key] for key in keys if config.get(key) is not None}
 
 
 def generation_to_vllm(config: dict, model_path: str) -> dict:
@@ -148,19 +158,27 @@ def row_seed(seed: int, index: int) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-def kv_bytes_per_token(model_path: str, dtype: str) -> int:
-    """KV cache bytes one token takes: keys and values of every layer's KV heads."""
-    config = json.loads((Path(model_path) / "config.json").read_text())
-    config = config.get("text_config", config)
-    heads = config.get("num_key_value_heads") or config["num_attention_heads"]
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    return 2 * config["num_hidden_layers"] * heads * head_dim * (4 if dtype == "float32" else 2)
+def kv_bytes_per_token(model_path: str, dtype: str, trust_remote_code: bool = False) -> int:
+    """KV cache bytes one token takes: keys and values of every layer's KV heads (transformers'
+    config maps each architecture's names, e.g. GPT-2's n_layer and n_head)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code).get_text_config()
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        layers = config.num_hidden_layers
+    except (AttributeError, OSError, ValueError, KeyError, TypeError) as error:
+        raise UserError(f"model.path `{model_path}`: cannot size the CPU KV cache from its config ({first_line(error)}); "
+                        "set generate.vllm.kv_cache_memory_bytes") from None
+    return 2 * layers * heads * head_dim * (4 if dtype == "float32" else 2)
 
 
-def cpu_kv_cache_bytes(model_path: str, dtype: str, max_model_len: int, max_num_seqs: int) -> int:
+def cpu_kv_cache_bytes(model: ModelSettings, dtype: str, max_model_len: int, max_num_seqs: int) -> int:
     """On CPU, where vLLM's default takes a share of host memory: room for `max_num_seqs` rows of
     max_model_len tokens, at most CPU_KV_CAP_BYTES."""
-    return min(kv_bytes_per_token(model_path, dtype) * max_model_len * max_num_seqs, CPU_KV_CAP_BYTES)
+    per_token = kv_bytes_per_token(model.path, dtype, model.trust_remote_code)
+    return min(per_token * max_model_len * max_num_seqs, CPU_KV_CAP_BYTES)
 
 
 def engine_arguments(context: LoadContext) -> dict:
@@ -178,23 +196,24 @@ def engine_arguments(context: LoadContext) -> dict:
         if "kv_cache_memory_bytes" not in user and "gpu_memory_utilization" not in user:
             seqs = int(user.get("max_num_seqs", 256))
             defaults.update(max_num_seqs=seqs, kv_cache_memory_bytes=cpu_kv_cache_bytes(
-                model.path, dtype, arguments["max_model_len"], seqs))
+                model, dtype, arguments["max_model_len"], seqs))
         arguments.update(defaults)
     return {**arguments, **user}
 
 
-def first_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[-1] if lines and len(lines[-1]) < 300 else (lines[0] if lines else type(error).__name__)
+def engine_environment() -> None:
+    """Set before vLLM is imported: the engine in this process, its log on stderr (the shard log,
+    not the terminal) and the job's CPU threads (else vLLM serves on one)."""
+    import torch
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # no engine-core process: the job's body runs once
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
 
 
 def start_engine(context: LoadContext):
-    """vLLM's offline engine, in this process, with its log in the job's log (stderr)."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # no engine-core process: the job's body runs once
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # the shard log, not the terminal
-    import torch
-
-    os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))  # else vLLM serves on one CPU thread
+    """vLLM's offline engine, in this process, with its log in the job's log."""
+    engine_environment()
     try:
         from vllm import LLM
     except ImportError as error:
@@ -242,26 +261,29 @@ class EngineProgress:
 class VllmGenerate(Generate):
     """Generate with the prompts of the transformers engine, run by vLLM's engine."""
 
-    prepare_stage = "tokenize"
-
     def __init__(self, engine, tokenizer, context: LoadContext, generation_config: dict, start_s: float = 0.0) -> None:
         super().__init__(None, tokenizer, tokenizer.pad_token_id or 0, context, generation_config.get("eos_token_id"))
         self.engine, self.start_s = engine, start_s
         self.sampling_defaults = generation_to_vllm(generation_config, context.settings.model.path)
         self.lora = self.lora_request(context.settings.model.adapter)
-        self.stop_criteria = None  # vLLM matches the stop strings itself
 
     @classmethod
     def load(cls, context: LoadContext) -> VllmGenerate:
-        from shardinfer.models import load_tokenizer
+        from shardinfer.models import check_weight_files, load_tokenizer
 
-        tokenizer = load_tokenizer(context.settings.model)
+        model = context.settings.model
+        check_weight_files(model.path, model.allow_pickle, "model.path")  # vLLM would load pickle weights too
+        if model.adapter is not None:
+            check_weight_files(model.adapter, model.allow_pickle, "model.adapter")
+        tokenizer = load_tokenizer(model)
         config = generation_config_of(context.settings.model.path)
         engine, seconds = start_engine(context)
         return cls(engine, tokenizer, context, config, seconds)
 
     def finish(self) -> dict:
-        return {**super().finish(), "engine_start_s": round(self.start_s, 3)}
+        """Beside generated_tokens: the engine's start-up and the build this job ran (the digest has
+        the one where Snakemake loaded the workflow)."""
+        return {**super().finish(), "engine_start_s": round(self.start_s, 3), "engine": vllm_version()}
 
     def check(self) -> None:
         """vLLM refuses what it cannot load (an architecture it lacks, missing weights) when it starts."""
@@ -283,7 +305,9 @@ class VllmGenerate(Generate):
         return int(window.real.sum())
 
     def collate(self, window: Window, positions: np.ndarray) -> dict:
-        return {"ids": [window.data[p] for p in positions],
+        """The rows' prompt ids (an empty prompt as the pad token alone, as the transformers engine
+        runs it: vLLM refuses an empty prompt) and global indices."""
+        return {"ids": [window.data[p] if len(window.data[p]) else [self.pad_id] for p in positions],
                 "index": (window.first + np.asarray(positions, dtype=np.int64)).tolist()}
 
     def sampling_params(self, index: int):
@@ -291,27 +315,32 @@ class VllmGenerate(Generate):
 
         o = self.options
         sampled = {"temperature": o["temperature"], "top_p": o["top_p"], "seed": row_seed(o["seed"], index)}
+        defaults = dict(self.sampling_defaults)
+        if "min_tokens" in defaults:  # model.generate's min_new_tokens never outlasts max_new_tokens
+            defaults["min_tokens"] = min(int(defaults["min_tokens"]), self.max_new_tokens)
         return SamplingParams(max_tokens=self.max_new_tokens, stop_token_ids=list(self.eos_ids), stop=o["stop"] or None,
                               detokenize=bool(o["stop"]), skip_special_tokens=True, n=1,
-                              **(sampled if o["do_sample"] else {"temperature": 0.0}), **self.sampling_defaults)
+                              **(sampled if o["do_sample"] else {"temperature": 0.0}), **defaults)
 
     def predict(self, batch: dict) -> dict:
         """One enqueue of the batch's prompts; every output matched to its row by request id."""
         ids, index = batch["ids"], batch["index"]
         prompts = [{"prompt_token_ids": list(map(int, row))} for row in ids]
-        params = [self.sampling_params(i) for i in index]
         from vllm import RequestOutput
+        from vllm.exceptions import VLLMError
 
         try:
+            params = [self.sampling_params(i) for i in index]
             request_ids = self.engine.enqueue(prompts, params, lora_request=self.lora, use_tqdm=False)
-            outputs = self.engine.wait_for_completion(RequestOutput, use_tqdm=lambda **kw: EngineProgress(**kw))
-        except (RuntimeError, ValueError, IndexError, KeyError, TypeError) as error:
+            outputs = self.engine.wait_for_completion(RequestOutput, use_tqdm=EngineProgress)
+        except (VLLMError, RuntimeError, ValueError, IndexError, KeyError, TypeError) as error:
             raise UserError(f"vLLM failed on rows {index[0]}..{index[-1]} ({type(error).__name__}: "
                             f"{first_line(error)}); nothing of this shard was written") from error
-        return matched_results(request_ids, outputs, ids, index, self.eos_ids)
+        return matched_results(request_ids, outputs, ids, index, self.eos_ids, self.options["stop"])
 
 
-def matched_results(request_ids: list[str], outputs: list, ids: list, index: list[int], eos_ids: list[int]) -> dict:
+def matched_results(request_ids: list[str], outputs: list, ids: list, index: list[int], eos_ids: list[int],
+                    stops: list[str] = ()) -> dict:
     """The engine's outputs in the rows' order, each checked: one per request id, none missing or
     twice, the prompt ids that were sent, one completion that ended by eos, length or stop."""
     if len(request_ids) != len(ids):
@@ -337,7 +366,7 @@ def matched_results(request_ids: list[str], outputs: list, ids: list, index: lis
         if len(output.outputs) != 1:
             raise UserError(f"row {index[p]}: vLLM returned {len(output.outputs)} completions, not 1")
         completion = output.outputs[0]
-        finish[p] = finish_code(completion.finish_reason, completion.stop_reason, eos_ids, index[p])
+        finish[p] = finish_code(completion.finish_reason, completion.stop_reason, eos_ids, stops, index[p])
         tokens.append(np.asarray(completion.token_ids, dtype=np.int64))
     prompt_tokens = np.fromiter((len(row) for row in ids), dtype=np.int32, count=len(ids))
     return {"tokens": tokens, "n_prompt_tokens": prompt_tokens, "finish": finish}
@@ -350,14 +379,14 @@ def external_id(request_id: str) -> str:
     return head if dash and len(tail) == 8 else request_id
 
 
-def finish_code(reason: str | None, stop_reason, eos_ids: list[int], row: int) -> int:
+def finish_code(reason: str | None, stop_reason, eos_ids: list[int], stops, row: int) -> int:
     """vLLM's ending as ours: `stop` by an eos token (stop_reason None: the tokenizer's, or an eos id)
-    is eos, by a stop string (stop_reason: the string) is stop; `length` is length; any other fails."""
+    is eos, by one of `stops` (stop_reason: the string) is stop; `length` is length; any other fails."""
     if reason == "length":
         return FINISH.index("length")
     if reason == "stop" and (stop_reason is None or stop_reason in eos_ids):
         return FINISH.index("eos")
-    if reason == "stop" and isinstance(stop_reason, str):
+    if reason == "stop" and stop_reason in stops:
         return FINISH.index("stop")
     raise UserError(f"row {row}: vLLM ended it with finish_reason {reason!r} (stop_reason {stop_reason!r}); "
                     "only eos, length and stop are results")
