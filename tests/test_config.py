@@ -214,7 +214,11 @@ def test_generate_refuses_an_encoder_named_in_its_config(tmp_path, models):
 @pytest.mark.parametrize("model,extra,message", [
     ({"max_length": 16}, {}, r"model.max_new_tokens must be an integer >= 1 for task generate .*got None"),
     ({"max_length": 60, "max_new_tokens": 10}, {},
-     r"model.max_length 60 \+ model.max_new_tokens 10 is above the model's limit of 64 positions; lower max_length to 54"),
+     r"model.max_length 60 \+ model.max_new_tokens 10 is above the model's limit of 64 positions; lower max_length to 54"
+     r" or less, or max_new_tokens to 4 or less$"),
+    ({"max_length": 16, "max_new_tokens": 1_000_000}, {},
+     r"model.max_new_tokens 1000000 leaves no room for a prompt within the model's limit of 64 positions; use at most "
+     r"48 with max_length 16$"),
     ({"max_length": 16, "max_new_tokens": 4}, {"tokenize": {"ahead": True}}, r"tokenize.ahead is for classify and embed"),
     ({"max_length": 16, "max_new_tokens": 4, "path": "ENCODER"}, {}, r"holds BertModel, not a causal language model"),
 ])

@@ -119,10 +119,14 @@ def check_generate(settings: Settings) -> None:
         raise UserError(f"model.path `{model.path}` holds {', '.join(named)}, not a causal language model "
                         "(…ForCausalLM) with a generation head; task generate needs one")
     limit = model_length_limit(model.path)
+    if limit is not None and model.max_new_tokens >= limit:  # no max_length would help: say what would
+        room = f"; use at most {limit - model.max_length} with max_length {model.max_length}" if model.max_length < limit else ""
+        raise UserError(f"model.max_new_tokens {model.max_new_tokens} leaves no room for a prompt within the model's "
+                        f"limit of {limit} positions{room}")
     if limit is not None and model.max_length + model.max_new_tokens > limit:
         raise UserError(f"model.max_length {model.max_length} + model.max_new_tokens {model.max_new_tokens} is above "
                         f"the model's limit of {limit} positions; lower max_length to {limit - model.max_new_tokens} "
-                        "or less")
+                        f"or less, or max_new_tokens to {limit - model.max_length} or less")
     if settings.task_settings.get("engine") == "vllm":
         check_vllm_settings(model.path, model.adapter, settings.task_settings)
 
