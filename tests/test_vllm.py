@@ -168,6 +168,11 @@ def test_an_empty_prompt_runs_as_in_the_transformers_engine(probe):
     assert probe["empty"] == probe["empty_transformers"]
 
 
+def test_engine_arguments_vllm_refuses_fail_the_job_in_one_line(probe):
+    assert probe["bad_start"].startswith("generate.engine vllm: the engine did not start for model.path")
+    assert "should be greater than or equal to 1)" in probe["bad_start"] and "\n" not in probe["bad_start"]
+
+
 def test_what_the_workflow_assumes_of_this_vllm_holds(probe):
     from shardinfer.tasks.generate_vllm import LORA_RANKS, OWNED_ARGUMENTS
 

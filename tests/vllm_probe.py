@@ -44,7 +44,25 @@ def main(model: str, texts_path: str, out_path: str) -> None:
     Path(out_path).write_text(json.dumps({"greedy": greedy, "sampled": sampled, "reversed": reversed_windows,
                                           "half": half, "subset": subset, "other_seed": other_seed,
                                           "generated_tokens": task.finish()["generated_tokens"], "empty": empty,
-                                          "empty_transformers": empty_transformers, **engine_facts()}))
+                                          "empty_transformers": empty_transformers, "bad_start": bad_start(model),
+                                          **engine_facts()}))
+
+
+def bad_start(model: str) -> str | None:
+    """The one line a shard job gives for engine arguments vLLM refuses (max_num_seqs 0)."""
+    import torch
+
+    from shardinfer.errors import UserError
+    from shardinfer.tasks.base import LoadContext
+    from shardinfer.tasks.generate_vllm import start_engine
+    from test_generate import settings
+
+    try:
+        start_engine(LoadContext(settings(model, engine="vllm", vllm={"max_num_seqs": 0}), torch.device("cpu"),
+                                 torch.float32))
+    except UserError as error:
+        return str(error)
+    return None
 
 
 def with_an_empty_prompt(task) -> list:

@@ -216,13 +216,14 @@ def start_engine(context: LoadContext):
     engine_environment()
     try:
         from vllm import LLM
+        from vllm.exceptions import VLLMError
     except ImportError as error:
         raise UserError(f"generate.engine vllm: vLLM cannot be imported here ({first_line(error)}); {INSTALL_HINT}") from None
     arguments = engine_arguments(context)
     started = time.perf_counter()
     try:
         engine = LLM(**arguments)
-    except (ValueError, TypeError, RuntimeError, OSError, KeyError, NotImplementedError) as error:
+    except (VLLMError, ValueError, TypeError, RuntimeError, OSError, KeyError, NotImplementedError) as error:
         raise UserError(f"generate.engine vllm: the engine did not start for model.path `{context.settings.model.path}` "
                         f"({first_line(error)})") from error
     seconds = time.perf_counter() - started
