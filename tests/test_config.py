@@ -134,6 +134,8 @@ def test_shard_job_refuses_max_length_without_room_for_text(models):
         Encoder(tokenizer, 2)
     assert Encoder(tokenizer, 3).encode(["the cat"])[0] == [[2, 5, 3]]  # [CLS] the [SEP], cut and counted
     assert Encoder(tokenizer, 3).encode(["the cat"])[1] == [0]
+    Encoder(tokenizer, 8).encode([" ".join(["cat"] * 100)])  # longer than the model's 64 positions, counted
+    assert "sequence-length-is-longer-than-the-specified-maximum" not in tokenizer.deprecation_warnings  # no false warning
 
 
 @pytest.mark.parametrize("name,fmt", [("folder", "auto"), ("table.parquet", "auto"), ("table.parquet", "parquet")])

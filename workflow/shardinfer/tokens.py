@@ -48,7 +48,9 @@ class Encoder:
         at_limit = [i for i, row in enumerate(ids) if len(row) >= self.max_length]
         truncated = []
         if at_limit:
-            full = self.tokenizer([texts[i] for i in at_limit], add_special_tokens=True)["input_ids"]
+            # Counting the full length only: verbose=False keeps transformers' "Token indices sequence
+            # length is longer than ... indexing errors" warning, false here, out of the shard log.
+            full = self.tokenizer([texts[i] for i in at_limit], add_special_tokens=True, verbose=False)["input_ids"]
             truncated = [i for i, row in zip(at_limit, full) if len(row) > self.max_length]
         return ids, truncated
 
