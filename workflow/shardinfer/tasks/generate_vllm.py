@@ -266,6 +266,8 @@ class VllmGenerate(Generate):
         super().__init__(None, tokenizer, tokenizer.pad_token_id or 0, context, generation_config.get("eos_token_id"))
         self.engine, self.start_s = engine, start_s
         self.sampling_defaults = generation_to_vllm(generation_config, context.settings.model.path)
+        if "min_tokens" in self.sampling_defaults:  # model.generate's min_new_tokens never outlasts max_new_tokens
+            self.sampling_defaults["min_tokens"] = min(int(self.sampling_defaults["min_tokens"]), self.max_new_tokens)
         self.lora = self.lora_request(context.settings.model.adapter)
 
     @classmethod
@@ -277,7 +279,7 @@ class VllmGenerate(Generate):
         if model.adapter is not None:
             check_weight_files(model.adapter, model.allow_pickle, "model.adapter")
         tokenizer = load_tokenizer(model)
-        config = generation_config_of(context.settings.model.path)
+        config = generation_config_of(model.path)
         engine, seconds = start_engine(context)
         return cls(engine, tokenizer, context, config, seconds)
 
@@ -316,12 +318,9 @@ class VllmGenerate(Generate):
 
         o = self.options
         sampled = {"temperature": o["temperature"], "top_p": o["top_p"], "seed": row_seed(o["seed"], index)}
-        defaults = dict(self.sampling_defaults)
-        if "min_tokens" in defaults:  # model.generate's min_new_tokens never outlasts max_new_tokens
-            defaults["min_tokens"] = min(int(defaults["min_tokens"]), self.max_new_tokens)
         return SamplingParams(max_tokens=self.max_new_tokens, stop_token_ids=list(self.eos_ids), stop=o["stop"] or None,
                               detokenize=bool(o["stop"]), skip_special_tokens=True, n=1,
-                              **(sampled if o["do_sample"] else {"temperature": 0.0}), **defaults)
+                              **(sampled if o["do_sample"] else {"temperature": 0.0}), **self.sampling_defaults)
 
     def predict(self, batch: dict) -> dict:
         """One enqueue of the batch's prompts; every output matched to its row by request id."""
