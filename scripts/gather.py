@@ -1,4 +1,4 @@
-"""Snakemake adapter of the gather rule: see shardinfer.gather.run_gather."""
+"""Snakemake adapter of the gather rule: see shardinfer.proof.gather.run_gather."""
 
 import sys
 from pathlib import Path
@@ -7,7 +7,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
 snakemake = globals()["snakemake"]  # the job object injected by the script: directive
 
 from shardinfer.config import Settings  # noqa: E402
-from shardinfer.gather import run_gather  # noqa: E402
+from shardinfer.proof.gather import run_gather  # noqa: E402
 from shardinfer.jobs import run_job  # noqa: E402
 
 settings = Settings.from_dict(snakemake.params.settings)

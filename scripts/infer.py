@@ -1,4 +1,4 @@
-"""Snakemake adapter of the infer rule: see shardinfer.infer.run_shard."""
+"""Snakemake adapter of the infer rule: see shardinfer.shard.job.run_shard."""
 
 import sys
 from pathlib import Path
@@ -7,7 +7,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
 snakemake = globals()["snakemake"]  # the job object injected by the script: directive
 
 from shardinfer.config import Settings  # noqa: E402
-from shardinfer.infer import ShardJob, run_shard  # noqa: E402
+from shardinfer.shard.job import ShardJob, run_shard  # noqa: E402
 from shardinfer.jobs import run_job  # noqa: E402
 
 # Under the guard: a process spawned from this job (a multi-GPU vLLM engine's workers) re-imports

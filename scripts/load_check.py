@@ -8,7 +8,7 @@ the workflow's own Snakemake overhead per shard job.
 
 Bytes read: the script writes one table of about --read-gb GB as CSV, JSONL, gzipped CSV and JSONL,
 and a Parquet file of one row group, plans each into --shards ranges (staging the gzipped files and
-the Parquet file, as the plan rule does: `shardinfer.staging`) and reads every range as a shard job
+the Parquet file, as the plan rule does: `shardinfer.input.staging`) and reads every range as a shard job
 does (`parts.iter_pieces` with the plan's spans, from the staged copy), in this process, counting
 what it reads; a staged file is also read in place by all shards, as it would be without its copy.
 
@@ -312,7 +312,7 @@ def read_like_the_shards(path: Path, shards: int) -> dict:
 def read_last_from_the_start(settings, plan) -> None:
     """The last shard read from the file's start, as before spans (JSONL: with the types this process
     already knows; a shard job without its span also reads the whole file once more to type it)."""
-    from shardinfer.tables import iter_range
+    from shardinfer.input.scan import iter_range
 
     start, end = plan.ranges[-1]
     assert sum(batch.num_rows for _, batch in iter_range(settings, start, end)) == end - start

@@ -125,7 +125,7 @@ def bytes_read() -> int:
 
 def input_settings(path: Path, **overrides):
     from shardinfer.config import InputSettings
-    from shardinfer.layout import detect_format
+    from shardinfer.input.discovery import detect_format
 
     values = {"path": str(path), "format": detect_format(str(path)), "text_column": "text", "keep_columns": ("id",),
               "null_text": "error"}

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from shardinfer.atomic import atomic_parquet_writer, partial_path
-from shardinfer.files import staged_files, staging_folder
+from shardinfer.shard.row_files import staged_files, staging_folder
 
 WORKFLOW = os.path.join(os.path.dirname(__file__), "..", "workflow")
 SCHEMA = pa.schema([("index", pa.int64())])

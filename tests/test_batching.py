@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from shardinfer.batching import length_sorted_batches, pad_batch, padding_ratio
+from shardinfer.shard.batching import length_sorted_batches, pad_batch, padding_ratio
 
 
 @pytest.mark.parametrize("seed", range(5))

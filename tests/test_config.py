@@ -8,8 +8,8 @@ import pytest
 from factory import REPO, input_frame, workflow_config, write_input
 from shardinfer.checks import check_settings, schema_errors
 from shardinfer.config import resolve_model_path, settings_from_config
-from shardinfer.layout import detect_format
-from shardinfer.digests import output_digest
+from shardinfer.input.discovery import detect_format
+from shardinfer.settings_digest import output_digest
 from shardinfer.errors import UserError
 
 DEFAULTS = {
@@ -127,7 +127,7 @@ def test_shard_job_refuses_max_length_without_room_for_text(models):
     """A tokenizer without tokenizer.json is not checked at load; the shard job's encoder refuses it."""
     from transformers import AutoTokenizer
 
-    from shardinfer.tokens import Encoder
+    from shardinfer.shard.tokens import Encoder
 
     tokenizer = AutoTokenizer.from_pretrained(models.classifier)
     with pytest.raises(UserError, match=r"model.max_length 2 leaves no room for text: .* use at least 3"):
@@ -170,7 +170,7 @@ def test_tokenizer_key_follows_the_tokenizer_not_the_weights(tmp_path, models):
     import dataclasses
     import shutil
 
-    from shardinfer.digests import tokenizer_digest
+    from shardinfer.settings_digest import tokenizer_digest
 
     base = settings(tmp_path, models)
     other = tmp_path / "other-model"

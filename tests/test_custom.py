@@ -24,12 +24,12 @@ import yaml
 
 from factory import REPO, read_predictions, run_workflow
 from shardinfer.config import Settings, settings_from_config
-from shardinfer.digests import output_digest
+from shardinfer.settings_digest import output_digest
 from shardinfer.errors import ProofError, UserError
-from shardinfer.gather import run_gather
-from shardinfer.infer import ShardJob, run_shard
+from shardinfer.proof.gather import run_gather
+from shardinfer.shard.job import ShardJob, run_shard
 from shardinfer.plan import remove_stale_shards, run_plan
-from shardinfer.shardfile import IDENTITY_KEY
+from shardinfer.proof.shard_file import IDENTITY_KEY
 
 EXAMPLE = REPO / "examples" / "image-transfer"
 ROWS = 13
@@ -265,7 +265,7 @@ def test_a_killed_shard_job_leaves_neither_its_table_nor_its_files(tmp_path, mad
     body = "time.sleep(0.5) if index[0] >= 5 else None; os.kill(os.getpid(), signal.SIGKILL) if index[0] >= 5 else None"
     job = shard_job_with(tmp_path, made_example, body)
     code = (f"import sys; sys.path.insert(0, {str(REPO / 'workflow')!r}); import pickle; "
-            "from shardinfer.infer import run_shard; run_shard(pickle.load(open('job.pkl', 'rb')))")
+            "from shardinfer.shard.job import run_shard; run_shard(pickle.load(open('job.pkl', 'rb')))")
     import pickle
 
     (tmp_path / "job.pkl").write_bytes(pickle.dumps(job))

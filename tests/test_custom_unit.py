@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from shardinfer.device import CopyBack, predict_splitting
+from shardinfer.shard.device_loop import CopyBack, predict_splitting
 from shardinfer.errors import UserError
 from shardinfer.tasks.base import Window
 from shardinfer.tasks.custom import Custom

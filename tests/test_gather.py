@@ -13,10 +13,10 @@ import pytest
 from factory import flip_a_data_page_byte, input_frame, input_settings, write_input
 from shardinfer.config import BatchSettings, ModelSettings, Settings
 from shardinfer.errors import ProofError, UserError
-from shardinfer.gather import run_gather
-from shardinfer.infer import ShardJob, run_shard
+from shardinfer.proof.gather import run_gather
+from shardinfer.shard.job import ShardJob, run_shard
 from shardinfer.plan import read_plan, run_plan
-from shardinfer.shardfile import IDENTITY_KEY
+from shardinfer.proof.shard_file import IDENTITY_KEY
 
 ROWS, SHARDS, DIGEST = 40, 3, "digest-a"
 

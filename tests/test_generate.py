@@ -13,9 +13,9 @@ import torch
 
 from factory import WORDS, bert_config, build_tiny_causal_lm, save_tokenizer, settings_for
 from shardinfer.config import BatchSettings, ModelSettings, Settings
-from shardinfer.device import predict_window, prepare_batches
+from shardinfer.shard.device_loop import predict_window, prepare_batches
 from shardinfer.errors import UserError
-from shardinfer.sampling import GumbelSampler
+from shardinfer.tasks.sampling import GumbelSampler
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.generate import Generate
 

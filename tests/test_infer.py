@@ -17,15 +17,15 @@ import torch
 import reference
 from factory import input_frame, input_settings, write_input
 from shardinfer.config import BatchSettings, ModelSettings, Settings
-from shardinfer.device import predict_window, prepare_batches
+from shardinfer.shard.device_loop import predict_window, prepare_batches
 from shardinfer.errors import UserError
-from shardinfer.infer import ShardJob, run_shard
-from shardinfer.pipeline import Pipeline
+from shardinfer.shard.job import ShardJob, run_shard
+from shardinfer.shard.pipeline import Pipeline
 from shardinfer.plan import read_plan, run_plan
-from shardinfer.shardfile import STATS_KEY
+from shardinfer.proof.shard_file import STATS_KEY
 from shardinfer.tasks.base import LoadContext, Task, Window
 from shardinfer.tasks.text import TextTask
-from shardinfer.tokens import TokenizeJob, run_tokenize
+from shardinfer.shard.tokens import TokenizeJob, run_tokenize
 
 
 def test_stages_hand_on_every_item_in_order():

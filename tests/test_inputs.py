@@ -22,7 +22,7 @@ from factory import gzipped, input_frame, prepare_workdir, run_workflow, workflo
 from shardinfer.checks import check_input_keys, check_inputs, schema_errors
 from shardinfer.config import settings_by_input
 from shardinfer.errors import UserError
-from shardinfer.inputs import shared_tokenizer_key
+from shardinfer.rule_params import shared_tokenizer_key
 from shardinfer.terminal import summary_lines
 from test_config import DEFAULTS
 

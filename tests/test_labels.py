@@ -9,9 +9,9 @@ import reference
 from factory import LABELS, bert_config, build_lora_on_plain_base, input_settings, save_tokenizer, settings_for, texts
 from shardinfer.checks import check_labels
 from shardinfer.config import BatchSettings, ModelSettings, Settings
-from shardinfer.digests import output_digest
+from shardinfer.settings_digest import output_digest
 from shardinfer.errors import UserError
-from shardinfer.labels import label_names
+from shardinfer.tasks.labels import label_names
 
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.classify import Classify

@@ -19,10 +19,10 @@ import pytest
 
 from factory import flip_a_data_page_byte, input_frame, input_settings, run_workflow, workflow_config, write_input
 from shardinfer.errors import ProofError, UserError
-from shardinfer.gather import prove
-from shardinfer.identity import gather_trigger, plan_trigger
-from shardinfer.layout import resolve_input
-from shardinfer.parts import common_type, iter_pieces
+from shardinfer.proof.gather import prove
+from shardinfer.input.identity import gather_trigger, plan_trigger
+from shardinfer.input.discovery import resolve_input
+from shardinfer.input.parts import common_type, iter_pieces
 from shardinfer.plan import make_plan, read_plan, run_plan
 from test_workflow import assert_refused, run_ok
 

@@ -18,7 +18,7 @@ import yaml
 
 from factory import REPO, prepare_workdir
 from shardinfer.errors import UserError
-from shardinfer.gather import ShardFile, run_facts, token_lengths
+from shardinfer.proof.gather import ShardFile, run_facts, token_lengths
 from shardinfer.plan import Plan
 from shardinfer.report import (MAX_BARS, SHARD_COLUMNS, ReportFiles, html_table, load_seconds, rows_per_s,
                                run_rows, shard_rows, show, write_report)
@@ -69,7 +69,7 @@ def report_files(folder: Path) -> ReportFiles:
 
 def test_the_report_imports_neither_torch_nor_matplotlib_until_it_draws():
     """Gather and the report run anywhere in a second: torch never, matplotlib only to draw."""
-    check = ("import sys; import shardinfer.gather, shardinfer.report; "
+    check = ("import sys; import shardinfer.proof.gather, shardinfer.report; "
              "sys.exit(' '.join(sorted({'torch', 'matplotlib'} & set(sys.modules))) or None)")
     result = subprocess.run([sys.executable, "-c", check], cwd=REPO / "workflow", capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

@@ -7,10 +7,10 @@ import time
 import pytest
 
 from factory import input_frame, input_settings, run_workflow, workflow_config, write_input
-from shardinfer import shardcount
+from shardinfer.input import shard_bound as shardcount
 from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
-from shardinfer.shardcount import FEW_SHARDS, check_shard_count, lines, rows_at_most, shard_count_note
+from shardinfer.input.shard_bound import FEW_SHARDS, check_shard_count, lines, rows_at_most, shard_count_note
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".csv", ".jsonl"])

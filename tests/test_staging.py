@@ -15,12 +15,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from factory import gzipped, input_frame, input_settings
-from shardinfer import staging, tables
+from shardinfer.input import scan as tables
+from shardinfer.input import staging
 from shardinfer.errors import ProofError, UserError
-from shardinfer.gather import check_part
-from shardinfer.parts import iter_pieces
+from shardinfer.proof.gather import check_part
+from shardinfer.input.parts import iter_pieces
 from shardinfer.plan import make_plan, read_plan, run_plan
-from shardinfer.staging import rows_read, should_stage, stage_part
+from shardinfer.input.staging import rows_read, should_stage, stage_part
 from test_parts import parts_settings, write_parts
 
 MiB = 1 << 20

@@ -6,8 +6,8 @@ import pytest
 from factory import input_frame, write_input
 from factory import input_settings as settings_for
 from shardinfer.errors import UserError
-from shardinfer import tables
-from shardinfer.tables import count_rows, iter_range, scan_input, windows
+from shardinfer.input import scan as tables
+from shardinfer.input.scan import count_rows, iter_range, scan_input, windows
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".csv", ".jsonl"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from shardinfer.progress import Progress, eta
+from shardinfer.shard.progress import Progress, eta
 from shardinfer.terminal import summary_lines
 
 SUMMARY = {
@@ -38,7 +38,7 @@ def test_a_cpu_only_run_is_a_warning_and_no_truncation_no_line():
 def test_progress_logs_the_first_write_then_once_per_interval_and_the_last(caplog):
     now = [0.0]
     progress = Progress(1000, interval_s=30, clock=lambda: now[0])
-    with caplog.at_level(logging.INFO, logger="shardinfer.progress"):
+    with caplog.at_level(logging.INFO, logger="shardinfer.shard.progress"):
         for _ in range(10):  # 100 rows every 5 s
             now[0] += 5
             progress.advance(100)

@@ -15,11 +15,12 @@ import torch
 
 from factory import build_tiny_causal_lm, settings_for
 from shardinfer.config import BatchSettings, ModelSettings
-from shardinfer.digests import output_digest
+from shardinfer.settings_digest import output_digest
 from shardinfer.errors import UserError
+from shardinfer.tasks import engine_class
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.generate import Generate
-from shardinfer.tasks.generate_vllm import (EngineProgress, check_lora, check_vllm_settings, engine_arguments,
+from shardinfer.tasks.generate_vllm import (EngineProgress, VllmGenerate, check_lora, check_vllm_settings, engine_arguments,
                                             finish_code, generation_config_of, generation_to_vllm, kv_bytes_per_token,
                                             matched_results, row_seed)
 
@@ -107,7 +108,7 @@ def test_pickle_weights_are_refused_before_the_engine_starts(lm, tmp_path):
     (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
     context = LoadContext(generate_settings(folder, engine="vllm"), torch.device("cpu"), torch.float32)
     with pytest.raises(UserError, match="has only pickle weights"):
-        Generate.load(context)
+        engine_class(context.settings).load(context)
 
 
 def test_engine_arguments_on_cpu(lm, tmp_path):
@@ -129,7 +130,8 @@ def test_the_engine_and_its_settings_are_in_the_shard_digest(lm):
     digests = {output_digest(plain), output_digest(vllm), output_digest(generate_settings(lm, engine="vllm", vllm={
         "max_num_seqs": 8}))}
     assert len(digests) == 3
-    assert Generate.identity(plain) == {} and Generate.identity(vllm)["engine"] == "vllm"
+    assert engine_class(plain) is Generate and engine_class(vllm) is VllmGenerate
+    assert Generate.identity(plain) == {} and VllmGenerate.identity(vllm)["engine"] == "vllm"
 
 
 def test_row_seeds_depend_on_the_seed_and_the_global_index_only():

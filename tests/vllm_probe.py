@@ -25,10 +25,11 @@ def main(model: str, texts_path: str, out_path: str) -> None:
 
     from shardinfer.tasks.base import LoadContext
     from shardinfer.tasks.generate import Generate
+    from shardinfer.tasks.generate_vllm import VllmGenerate
     from test_generate import run, settings
 
     texts = json.loads(Path(texts_path).read_text())
-    task = Generate.load(LoadContext(settings(model, engine="vllm"), torch.device("cpu"), torch.float32))
+    task = VllmGenerate.load(LoadContext(settings(model, engine="vllm"), torch.device("cpu"), torch.float32))
     greedy = run(task, texts, max_rows=4)
     task.options.update(SAMPLING)
     sampled = run(task, texts, max_rows=4)
@@ -73,7 +74,7 @@ def with_an_empty_prompt(task) -> list:
     import torch
 
     from shardinfer.config import BatchSettings
-    from shardinfer.device import predict_window, prepare_batches
+    from shardinfer.shard.device_loop import predict_window, prepare_batches
     from shardinfer.tasks.base import Window
 
     window = Window(0, np.array([1, 4]), [[], [2, 10, 11, 12]])

@@ -29,10 +29,10 @@ sys.path.insert(0, package_root())
 
 from shardinfer.checks import check_input_keys, check_inputs, schema_errors
 from shardinfer.config import settings_by_input
-from shardinfer.digests import tokenizer_digest
+from shardinfer.settings_digest import tokenizer_digest
 from shardinfer.errors import UserError
-from shardinfer.inputs import InputJobs, shared_tokenizer_key
-from shardinfer.shardcount import shard_count_note
+from shardinfer.rule_params import InputJobs, shared_tokenizer_key
+from shardinfer.input.shard_bound import shard_count_note
 from shardinfer.tasks import may_write_files, task_class
 from shardinfer.terminal import summary_lines
 
@@ -54,7 +54,7 @@ def load_settings(config):
     return by_name
 
 
-# What the jobs of each input take (shardinfer.inputs). One input (`input:`): INPUTS is {None: ...}
+# What the jobs of each input take (shardinfer.rule_params). One input (`input:`): INPUTS is {None: ...}
 # and paths are as they always were (results/plan.json). Named inputs (`inputs:`): a `{name}`
 # wildcard in every path (results/val/plan.json), by which the jobs' values are looked up.
 INPUTS = {
@@ -113,7 +113,7 @@ FILES_DIR = named_path("results/files/{shard}")
 SHARD_FILES_OUTPUT = (
     {"files": directory(FILES_DIR)} if may_write_files(SETTINGS.model.task) else {}
 )
-# One tokenizer key for all inputs (shardinfer.inputs.shared_tokenizer_key): a constant in the pattern.
+# One tokenizer key for all inputs (shardinfer.rule_params.shared_tokenizer_key): a constant in the pattern.
 TOKENIZER_KEY = (
     shared_tokenizer_key([tokenizer_digest(run.settings) for run in INPUTS.values()])
     if SETTINGS.tokenize_ahead

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from shardinfer.config import InputSettings, ModelSettings, Settings
 from shardinfer.errors import UserError
-from shardinfer.labels import label_names
-from shardinfer.layout import missing_input
-from shardinfer.shardcount import check_shard_count
-from shardinfer.shardfile import INDEX_COLUMN
+from shardinfer.tasks.labels import label_names
+from shardinfer.input.discovery import missing_input
+from shardinfer.input.shard_bound import check_shard_count
+from shardinfer.proof.shard_file import INDEX_COLUMN
 from shardinfer.tasks import TASKS, is_text_task, output_columns
 from shardinfer.tasks.generate import names_a_generator
 from shardinfer.tasks.generate_vllm import check_vllm_settings

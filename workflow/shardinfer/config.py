@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shardinfer.errors import UserError
-from shardinfer.layout import resolve_input
+from shardinfer.input.discovery import resolve_input
 
 PACKAGE_PREFIX = "pkg:"
 
@@ -26,8 +26,8 @@ class InputSettings:
     keep_columns: tuple[str, ...]
     null_text: str
     columns: tuple[str, ...] = ()  # task custom: the input columns handed to the user's code
-    parts: tuple[str, ...] = ()  # the files `path` names, in row order (shardinfer.layout); (): `path` itself
-    stage: str = "auto"  # when the plan copies a part for its shards to read by range (shardinfer.staging)
+    parts: tuple[str, ...] = ()  # the files `path` names, in row order (shardinfer.input.discovery); (): `path` itself
+    stage: str = "auto"  # when the plan copies a part for its shards to read by range (shardinfer.input.staging)
 
     @property
     def files(self) -> tuple[str, ...]:

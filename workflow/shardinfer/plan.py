@@ -2,13 +2,13 @@
 
 The plan file is the contract that gather proves the shard files against. Planning never
 imports torch and reads the input once, streaming, part by part (a single file is one part;
-`shardinfer.parts`), each part's content digest computed alongside (`shardinfer.identity`). It
+`shardinfer.input.parts`), each part's content digest computed alongside (`shardinfer.input.identity`). It
 records every part (path, first row, rows, size, mtime, digest) and, per shard, its pieces: the
 part rows it holds and, for CSV and JSONL, where they lie in the file (`tables.Span`: a byte
 offset to seek to, with its row and line), plus the read columns' types over all parts (JSONL
 fields; Parquet parts whose types differ), so that a shard reads only its part of the input. A
 part that shards could not read by range (a gzipped CSV/JSONL, a Parquet file of huge row groups)
-is copied once into the plan's staged folder so that they can (`shardinfer.staging`); the plan
+is copied once into the plan's staged folder so that they can (`shardinfer.input.staging`); the plan
 records the copy with its part.
 """
 
@@ -30,9 +30,9 @@ import pyarrow as pa
 from shardinfer.atomic import write_json_atomic
 from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
-from shardinfer.parts import Part, PartsScan, Piece, check_same_parts, iter_pieces, scan_parts
-from shardinfer.staging import stage_part, staged_name, wants_staging
-from shardinfer.tables import Span, fields_from_json, fields_to_json
+from shardinfer.input.parts import Part, PartsScan, Piece, check_same_parts, iter_pieces, scan_parts
+from shardinfer.input.staging import stage_part, staged_name, wants_staging
+from shardinfer.input.scan import Span, fields_from_json, fields_to_json
 
 log = logging.getLogger(__name__)
 # 3: the input's content digest; 4: each shard's span (CSV/JSONL) and the JSONL fields;

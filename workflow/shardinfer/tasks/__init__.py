@@ -17,10 +17,28 @@ TASKS: dict[str, str] = {
 }
 
 
+# A task run on another engine (`<task>.engine`): a subclass of the task's class in a module of its own.
+ENGINES: dict[str, dict[str, str]] = {
+    "generate": {"vllm": "shardinfer.tasks.generate_vllm:VllmGenerate"},
+}
+
+
+def _class_at(spec: str) -> type:
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def task_class(task: str) -> type:
     """The task's class (its module imports no torch until the task is loaded)."""
-    module, _, name = TASKS[task].partition(":")
-    return getattr(importlib.import_module(module), name)
+    return _class_at(TASKS[task])
+
+
+def engine_class(settings) -> type:
+    """The class that runs the settings' task: the task's own, or its subclass for the engine that
+    the task's section names (`generate.engine: vllm`)."""
+    engine = settings.task_settings.get("engine")
+    spec = ENGINES.get(settings.model.task, {}).get(engine)
+    return _class_at(spec) if spec else task_class(settings.model.task)
 
 
 def output_columns(task: str) -> tuple[str, ...]:

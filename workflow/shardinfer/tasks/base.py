@@ -18,9 +18,9 @@ A batch that runs out of device memory is halved and retried.
 
 A task owns the config section named after it (`embed:`, `generate:`), handed to it as
 `settings.task_settings`; the shard digest takes the task's section (with `model:`, the input's
-settings, the model files and, for custom, the hook's code; `shardinfer.digests`), not the other
+settings, the model files and, for custom, the hook's code; `shardinfer.settings_digest`), not the other
 tasks' sections. Its output columns are `outputs`, one type string each
-(`shardinfer.shardfile`); that is the one place they are declared.
+(`shardinfer.proof.shard_file`); that is the one place they are declared.
 
 Task modules import torch and transformers inside their methods only: planning and the config
 checks import them to read their columns and settings, and stay free of torch.
@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from shardinfer.batching import length_sorted_batches, padded_tokens
+from shardinfer.shard.batching import length_sorted_batches, padded_tokens
 from shardinfer.config import BatchSettings, Settings
 
 

@@ -11,7 +11,7 @@ The contract (README, "Your own model"), promised to users:
 `build` is named by `model.entrypoint` in the config, never by data, and called once per shard
 job. `batch` holds the rows' `input.columns`; `index` their global row numbers (to seed per-row
 randomness, so a row's output never depends on its batch or shard). For a file column the value
-is the file's bytes, or None for no file: the runner writes the files (`shardinfer.files`).
+is the file's bytes, or None for no file: the runner writes the files (`shardinfer.shard.row_files`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from shardinfer.errors import UserError
-from shardinfer.shardfile import INDEX_COLUMN, arrow_type, file_suffix
+from shardinfer.proof.shard_file import INDEX_COLUMN, arrow_type, file_suffix
 from shardinfer.tasks.base import LoadContext, Task, Window, matrix_to_list_array
 
 log = logging.getLogger(__name__)

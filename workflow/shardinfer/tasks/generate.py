@@ -14,7 +14,7 @@ the same task on vLLM's engine (`shardinfer.tasks.generate_vllm`).
 - **Batches** are left-padded; a row costs its prompt tokens plus `max_new_tokens` (the KV cache
   grows with both). transformers' own `generate` loop runs a batch until all its rows are done.
 - **Greedy** is plain argmax; **sampling** is greedy over scores plus per-row Gumbel noise
-  (`shardinfer.sampling`), so a row's output depends only on its prompt, the seed and its global
+  (`shardinfer.tasks.sampling`), so a row's output depends only on its prompt, the seed and its global
   index. The model's own generation_config processors (e.g. a repetition penalty) apply as in
   `model.generate`; its sampling settings do not, the `generate:` section's do.
 - **Finish**: `eos` when the row generated an end-of-sequence token (the tokenizer's and the
@@ -33,11 +33,11 @@ import numpy as np
 import pyarrow as pa
 
 from shardinfer.errors import UserError
-from shardinfer.tables import text_values
+from shardinfer.input.scan import text_values
 from shardinfer.tasks.base import Window
 from shardinfer.tasks.classify import untrained_head
 from shardinfer.tasks.text import TextTask
-from shardinfer.tokens import TokenWindow
+from shardinfer.shard.tokens import TokenWindow
 
 DEFAULTS = {"chat_template": False, "system_prompt": None, "do_sample": False, "temperature": 1.0, "top_p": 1.0,
             "seed": 0, "stop": [], "engine": "transformers", "vllm": {}}
@@ -146,27 +146,9 @@ class Generate(TextTask):
         self.generated_tokens = 0
 
     @classmethod
-    def load(cls, context) -> Generate:
-        """The engine `generate.engine` names: transformers' model.generate, or vLLM's engine."""
-        if generation_options(context.settings.task_settings)["engine"] == "vllm":
-            from shardinfer.tasks.generate_vllm import VllmGenerate
-
-            return VllmGenerate.load(context)
-        return super().load(context)
-
-    @classmethod
     def plan_overhead(cls, settings) -> int:
         """Each row may add max_new_tokens to its prompt in the KV cache: the plan counts them too."""
         return int(settings.model.max_new_tokens or 0)
-
-    @classmethod
-    def identity(cls, settings) -> dict:
-        """The engine's build and version, when it is vLLM's: another version may give other text."""
-        if generation_options(settings.task_settings)["engine"] != "vllm":
-            return {}
-        from shardinfer.tasks.generate_vllm import engine_identity
-
-        return engine_identity(settings.task_settings)
 
     def check(self) -> None:
         reason = not_a_generator(self.loaded)
@@ -216,7 +198,7 @@ class Generate(TextTask):
     def processors(self, index, prompt_width: int) -> list:
         if not self.options["do_sample"]:
             return []
-        from shardinfer.sampling import GumbelSampler
+        from shardinfer.tasks.sampling import GumbelSampler
 
         o = self.options
         return [GumbelSampler(o["seed"], index, prompt_width, o["temperature"], o["top_p"])]

@@ -271,8 +271,13 @@ class VllmGenerate(Generate):
         self.lora = self.lora_request(context.settings.model.adapter)
 
     @classmethod
+    def identity(cls, settings) -> dict:
+        """The engine's build and version: another version may give other text."""
+        return engine_identity(settings.task_settings)
+
+    @classmethod
     def load(cls, context: LoadContext) -> VllmGenerate:
-        from shardinfer.models import check_weight_files, load_tokenizer
+        from shardinfer.shard.models import check_weight_files, load_tokenizer
 
         model = context.settings.model
         check_weight_files(model.path, model.allow_pickle, "model.path")  # vLLM would load pickle weights too

@@ -8,9 +8,9 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from shardinfer.batching import pad_batch
+from shardinfer.shard.batching import pad_batch
 from shardinfer.tasks.base import LoadContext, Task, Window
-from shardinfer.tokens import Encoder, TokenReader, TokenWindow, tokenize_window
+from shardinfer.shard.tokens import Encoder, TokenReader, TokenWindow, tokenize_window
 
 
 class TextTask(Task):
@@ -38,7 +38,7 @@ class TextTask(Task):
 
     @classmethod
     def load(cls, context: LoadContext) -> TextTask:
-        from shardinfer.models import load_text_model
+        from shardinfer.shard.models import load_text_model
 
         tokenizer, loaded, pad_id = load_text_model(context.settings.model, cls.auto_class, context.dtype, context.device)
         return cls(loaded, tokenizer, pad_id, context)

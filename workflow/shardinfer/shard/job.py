@@ -1,14 +1,14 @@
 """One shard: read its range → the task prepares rows → length-sorted batches → the device →
 write atomically.
 
-Every stage but the device loop runs in a background worker (`shardinfer.pipeline`), so the
+Every stage but the device loop runs in a background worker (`shardinfer.shard.pipeline`), so the
 device does not wait on reading, tokenizing or building inputs when the CPU keeps up. The runner
 knows no task by name: it asks the task (`shardinfer.tasks.base`) to load, prepare, collate,
 predict and name its columns.
 
 Reads top to bottom like a sampling script. The shard file carries the global row number in an
 `index` column and, in its metadata, the plan and settings it was made under, so gather can
-prove it belongs (`shardinfer.shardfile`).
+prove it belongs (`shardinfer.proof.shard_file`).
 """
 
 from __future__ import annotations
@@ -27,20 +27,20 @@ import torch
 
 from shardinfer.atomic import atomic_parquet_writer
 from shardinfer.config import Settings
-from shardinfer.content import ContentHasher
-from shardinfer.device import predict_window, prepare_batches
+from shardinfer.proof.content_digest import ContentHasher
+from shardinfer.shard.device_loop import predict_window, prepare_batches
 from shardinfer.errors import UserError
-from shardinfer.files import ShardFiles, staged_files
-from shardinfer.lease import Lease, acquire_device, default_wait_s
-from shardinfer.models import choose_device, choose_dtype
-from shardinfer.pipeline import Pipeline
+from shardinfer.shard.row_files import ShardFiles, staged_files
+from shardinfer.shard.lease import Lease, acquire_device, default_wait_s
+from shardinfer.shard.models import choose_device, choose_dtype
+from shardinfer.shard.pipeline import Pipeline
 from shardinfer.plan import Plan, read_plan
-from shardinfer.progress import Progress
-from shardinfer.shardfile import STATS_KEY, file_columns, shard_schema
-from shardinfer.tables import windows
-from shardinfer.tasks import task_class
+from shardinfer.shard.progress import Progress
+from shardinfer.proof.shard_file import STATS_KEY, file_columns, shard_schema
+from shardinfer.input.scan import windows
+from shardinfer.tasks import engine_class, task_class
 from shardinfer.tasks.base import LoadContext, Task, Window
-from shardinfer.tokens import check_token_file, token_identity
+from shardinfer.shard.tokens import check_token_file, token_identity
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def keep_schema_of(settings: Settings, plan: Plan, shard: int) -> pa.Schema:
     """The keep columns' types, read from the input's own schema: the fields after the task's
     columns (by position, as the text column may be kept too and then appears twice). Read at the
     shard's first rows (an empty shard: the first shard's with rows), so JSONL types come from the
-    plan, not from another pass over the file; every part has the same types (`shardinfer.parts`)."""
+    plan, not from another pass over the file; every part has the same types (`shardinfer.input.parts`)."""
     with_rows = shard if plan.pieces[shard] else next(k for k, pieces in enumerate(plan.pieces) if pieces)
     _, first = next(plan.shard_rows(settings.input, with_rows))
     return pa.schema(list(first.schema)[len(settings.input.task_columns):])
@@ -114,7 +114,7 @@ def start_runtime(job: ShardJob, lease: Lease) -> Runtime:
         where = f"cpu ({torch.get_num_threads()} threads)"
     log.info("running on %s in %s", where, dtype)
     loaded_at = time.perf_counter()
-    task = task_class(settings.model.task).load(LoadContext(settings, device, dtype, job.tokens))
+    task = engine_class(settings).load(LoadContext(settings, device, dtype, job.tokens))
     what = settings.model.path or settings.model.entrypoint
     adapter = f" + adapter {settings.model.adapter}" if settings.model.adapter else ""
     log.info("loaded %s%s (task %s) in %.1f s", what, adapter, settings.model.task, time.perf_counter() - loaded_at)

@@ -1,9 +1,9 @@
 """The input's parts as planned and read: each file of a directory or glob input (a single file is
 one part) with its place in the row numbering and its identity, and a shard's range read part by part.
 
-Rows are numbered across the parts in their order (`shardinfer.layout`): part k's rows begin where
+Rows are numbered across the parts in their order (`shardinfer.input.discovery`): part k's rows begin where
 part k-1's end. A shard's range becomes pieces, one per part it overlaps, each a range of that
-part's own rows that `shardinfer.tables` reads exactly as it reads a single-file input (from its
+part's own rows that `shardinfer.input.scan` reads exactly as it reads a single-file input (from its
 span for CSV/JSONL, its row groups for Parquet). Shards may so span parts, and each part is read
 by the shards that hold its rows, not by all of them.
 
@@ -30,10 +30,10 @@ import pyarrow.parquet as pq
 
 from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
-from shardinfer.identity import digest_alongside, fingerprint
-from shardinfer.layout import input_parts
-from shardinfer.staging import Staged
-from shardinfer.tables import (NULLS_LISTED, FieldConflict, InputScan, Span, iter_range, jsonl_fields, merge_fields,
+from shardinfer.input.identity import digest_alongside, fingerprint
+from shardinfer.input.discovery import input_parts
+from shardinfer.input.staging import Staged
+from shardinfer.input.scan import (NULLS_LISTED, FieldConflict, InputScan, Span, iter_range, jsonl_fields, merge_fields,
                                reading, scan_input)
 
 
@@ -45,8 +45,8 @@ class Part:
     rows: int
     size: int
     mtime_ns: int
-    digest: str  # `sha256:<hex>` of its bytes when it was planned (shardinfer.identity)
-    staged: Staged | None = None  # the copy its shards read instead, if the plan made one (shardinfer.staging)
+    digest: str  # `sha256:<hex>` of its bytes when it was planned (shardinfer.input.identity)
+    staged: Staged | None = None  # the copy its shards read instead, if the plan made one (shardinfer.input.staging)
 
     @property
     def read_path(self) -> str:
@@ -82,7 +82,7 @@ class Piece:
 
 
 def one_file(inp: InputSettings, path: str) -> InputSettings:
-    """The settings of one part, for the single-file readers of `shardinfer.tables`."""
+    """The settings of one part, for the single-file readers of `shardinfer.input.scan`."""
     return dataclasses.replace(inp, path=path, parts=(path,))
 
 

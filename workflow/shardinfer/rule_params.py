@@ -13,8 +13,8 @@ import hashlib
 from dataclasses import dataclass
 
 from shardinfer.config import Settings
-from shardinfer.digests import output_digest
-from shardinfer.identity import gather_trigger, plan_trigger
+from shardinfer.settings_digest import output_digest
+from shardinfer.input.identity import gather_trigger, plan_trigger
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class InputJobs:
     # inode reruns gather, which checks each part's content digest.
     version: dict
     identity: dict
-    digest: str  # what decides the predictions (shardinfer.digests.output_digest)
+    digest: str  # what decides the predictions (shardinfer.settings_digest.output_digest)
     # infer's and gather's settings: without the list of parts, which they read from the plan, so
     # that thousands of parts are not stored again in every shard job's metadata.
     job_settings: dict

@@ -24,8 +24,8 @@ from shardinfer.atomic import atomic_parquet_writer
 from shardinfer.config import Settings
 from shardinfer.errors import UserError
 from shardinfer.plan import Plan, read_plan
-from shardinfer.shardfile import INDEX_COLUMN
-from shardinfer.tables import text_values, windows
+from shardinfer.proof.shard_file import INDEX_COLUMN
+from shardinfer.input.scan import text_values, windows
 
 log = logging.getLogger(__name__)
 TOKENS_KEY = b"shardinfer.tokens"  # token file metadata: plan, range and tokenizer
@@ -99,7 +99,7 @@ class TokenizeJob:
 
 def run_tokenize(job: TokenizeJob) -> int:
     """The tokenize rule: the shard's rows into token ids, streamed window by window, atomically."""
-    from shardinfer.models import load_tokenizer
+    from shardinfer.shard.models import load_tokenizer
 
     plan = read_plan(job.plan_path)
     plan.check_input_unchanged()

@@ -24,8 +24,8 @@ import pyarrow as pa
 
 from shardinfer.atomic import fsync_folder, partial_path
 from shardinfer.errors import ProofError, UserError
-from shardinfer.identity import file_digest
-from shardinfer.shardfile import FILE_TYPE, INDEX_COLUMN, file_name
+from shardinfer.input.identity import file_digest
+from shardinfer.proof.shard_file import FILE_TYPE, INDEX_COLUMN, file_name
 
 
 SNAKEMAKE_MARKER = ".snakemake_timestamp"  # Snakemake's own mark in a directory() output

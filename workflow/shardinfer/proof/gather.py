@@ -24,14 +24,14 @@ import pyarrow.parquet as pq
 
 from shardinfer.atomic import atomic_parquet_writer, write_json_atomic
 from shardinfer.config import InputSettings
-from shardinfer.content import CONTENT_KEY, ContentHasher
+from shardinfer.proof.content_digest import CONTENT_KEY, ContentHasher
 from shardinfer.errors import ProofError
-from shardinfer.files import prove_files, refuse_unlisted, staging_folder
-from shardinfer.identity import digest_alongside
-from shardinfer.parts import Part, one_file
+from shardinfer.shard.row_files import prove_files, refuse_unlisted, staging_folder
+from shardinfer.input.identity import digest_alongside
+from shardinfer.input.parts import Part, one_file
 from shardinfer.plan import Plan, read_plan
-from shardinfer.shardfile import FILE_TYPE, IDENTITY_KEY, INDEX_COLUMN, STATS_KEY
-from shardinfer.tables import count_rows
+from shardinfer.proof.shard_file import FILE_TYPE, IDENTITY_KEY, INDEX_COLUMN, STATS_KEY
+from shardinfer.input.scan import count_rows
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class ShardFile:
     rows: int
     schema: pa.Schema
     stats: dict
-    content: str  # the digest of its values its job recorded (shardinfer.content)
+    content: str  # the digest of its values its job recorded (shardinfer.proof.content_digest)
     files: dict | None = None  # {"folder", "columns": {column: suffix}} when the task may write files
 
 

@@ -3,7 +3,7 @@
 Snakemake reruns a job when an input is *newer* than its output. `cp -p`, `rsync -a` and `tar x`
 give a replaced input an *older* mtime, so on its own Snakemake would answer "Nothing to be done"
 and keep the old table. Three layers close that gap, each as cheap as it can be, for every file
-of the input (its parts: one for a single file, `shardinfer.layout`):
+of the input (its parts: one for a single file, `shardinfer.input.discovery`):
 
 1. The plan rule's params carry the parts' names, sizes and mtimes (`plan_trigger`). Snakemake
    reruns a job whose params changed, so a part added, removed or renamed, or any other size or

@@ -1,7 +1,7 @@
 """Reading one input file as a stream of record batches, whole or one contiguous range.
 
 Rows are numbered by their position in the file (an input of several files is read part by part
-through `shardinfer.parts`, which numbers them across). Every reader yields only the requested
+through `shardinfer.input.parts`, which numbers them across). Every reader yields only the requested
 columns and never holds the whole table.
 
 CSV and JSONL are read in blocks of whole records (BLOCK_BYTES each, cut by this module, not by
@@ -12,7 +12,7 @@ compressed file cannot seek: read in place, a shard decompresses it from the sta
 the bytes before its span (decompressing only; nothing before the span is parsed). Parquet shards
 read only their row groups; inside one row group Arrow (26) offers no row range, so a shard
 streams the group's pages from its start up to its last row. Where either would make the shards
-read a part many times over, the plan stages a copy they can read by range (`shardinfer.staging`).
+read a part many times over, the plan stages a copy they can read by range (`shardinfer.input.staging`).
 """
 
 from __future__ import annotations

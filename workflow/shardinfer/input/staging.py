@@ -40,8 +40,8 @@ import pyarrow.parquet as pq
 from shardinfer.atomic import atomic_parquet_writer, atomic_path
 from shardinfer.config import InputSettings
 from shardinfer.errors import ProofError, UserError
-from shardinfer.identity import CHUNK_BYTES, DIGEST_ALGORITHM, digest_alongside, file_digest, fingerprint
-from shardinfer.tables import compressed, parquet_batches, reading, row_group_bounds
+from shardinfer.input.identity import CHUNK_BYTES, DIGEST_ALGORITHM, digest_alongside, file_digest, fingerprint
+from shardinfer.input.scan import compressed, parquet_batches, reading, row_group_bounds
 
 STAGE_RATIO = 1.2  # auto: stage when the shards would read more than this many times the part's rows
 STAGE_MIN_BYTES = 64 << 20  # ... and at least this much more than the part's file

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
-from shardinfer.layout import INPUT_FORMATS
+from shardinfer.input.discovery import INPUT_FORMATS
 
 FEW_SHARDS = 1000  # above this, shards beyond the input's rows are refused
 MANY_SHARDS = 2000  # above this, the terminal says what the DAG costs

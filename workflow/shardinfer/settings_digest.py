@@ -12,7 +12,8 @@ from pathlib import Path
 
 from shardinfer.config import Settings
 from shardinfer.errors import UserError
-from shardinfer.tasks import task_class
+from shardinfer.shard.tokenizer_files import TOKENIZER_FILES, is_vocabulary_file
+from shardinfer.tasks import engine_class
 
 
 def directory_fingerprint(path: str | None, recursive: bool = False) -> list:
@@ -65,20 +66,10 @@ def output_digest(settings: Settings) -> str:
         "adapter_files": directory_fingerprint(settings.model.adapter),
         "code": entrypoint_digest(settings.model.entrypoint),
     }
-    extra = task_class(settings.model.task).identity(settings)  # e.g. the vLLM engine's version
+    extra = engine_class(settings).identity(settings)  # e.g. the vLLM engine's version
     if extra:  # absent otherwise, so that the other tasks' digests stay as they were
         relevant["task"] = extra
     return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=list).encode()).hexdigest()[:16]
-
-
-VOCABULARY_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model",
-                    "sentencepiece.bpe.model")  # one of these (or a *.tiktoken file) means a tokenizer is there
-TOKENIZER_FILES = (*VOCABULARY_FILES, "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "merges.txt")  # every file that can change the token ids
-
-
-def is_vocabulary_file(path: Path) -> bool:
-    return path.name in VOCABULARY_FILES or path.suffix == ".tiktoken"
 
 
 def tokenizer_digest(settings: Settings) -> str:

@@ -1,0 +1,15 @@
+"""Which files in a model folder make up its tokenizer: what the loader looks for and what the
+tokenizer digest (`shardinfer.settings_digest`) covers. Free of torch and transformers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+VOCABULARY_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model",
+                    "sentencepiece.bpe.model")  # one of these (or a *.tiktoken file) means a tokenizer is there
+TOKENIZER_FILES = (*VOCABULARY_FILES, "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "merges.txt")  # every file that can change the token ids
+
+
+def is_vocabulary_file(path: Path) -> bool:
+    return path.name in VOCABULARY_FILES or path.suffix == ".tiktoken"
