@@ -14,6 +14,7 @@ from pathlib import Path
 
 from shardinfer.errors import UserError
 from shardinfer.input.discovery import resolve_input
+from shardinfer.tasks import TASKS, task_class
 
 PACKAGE_PREFIX = "pkg:"
 
@@ -28,16 +29,28 @@ class InputSettings:
     columns: tuple[str, ...] = ()  # task custom: the input columns handed to the user's code
     parts: tuple[str, ...] = ()  # the files `path` names, in row order (shardinfer.input.discovery); (): `path` itself
     stage: str = "auto"  # when the plan copies a part for its shards to read by range (shardinfer.input.staging)
+    delimiter: str | None = None  # CSV: the field separator (None: the format's own, `,` or a tab for .tsv)
+    # What the task reads (`Task.inputs`, filled by settings_from_config): its columns in the order
+    # it gets them, the config key naming each (for errors), and those that hold text (the plan
+    # measures them for its cost; a null is allowed only as `null_text` says). Default: the text column.
+    task_columns: tuple[str, ...] = ()
+    column_keys: tuple[str, ...] = ()
+    text_columns: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.task_columns:
+            custom = bool(self.columns)
+            object.__setattr__(self, "task_columns", self.columns or (self.text_column,))
+            object.__setattr__(self, "column_keys", ("input.columns" if custom else "input.text_column",)
+                               * len(self.task_columns))
+            if self.text_columns is None:
+                object.__setattr__(self, "text_columns", () if custom else (self.text_column,))
+        object.__setattr__(self, "text_columns", tuple(self.text_columns or ()))
 
     @property
     def files(self) -> tuple[str, ...]:
         """The input's files in row order: its parts (one for a single file)."""
         return self.parts or (self.path,)
-
-    @property
-    def task_columns(self) -> tuple[str, ...]:
-        """The columns the task reads: the text column, or a custom task's `columns`."""
-        return self.columns or (self.text_column,)
 
     @property
     def read_columns(self) -> list[str]:
@@ -46,8 +59,8 @@ class InputSettings:
 
     @classmethod
     def from_dict(cls, data: dict) -> InputSettings:
-        return cls(**{**data, "keep_columns": tuple(data["keep_columns"]), "columns": tuple(data.get("columns", ())),
-                      "parts": tuple(data.get("parts", ()))})
+        tuples = ("keep_columns", "columns", "parts", "task_columns", "column_keys", "text_columns")
+        return cls(**{**data, **{key: tuple(data[key]) for key in tuples if data.get(key) is not None}})
 
 
 @dataclass(frozen=True)
@@ -117,6 +130,7 @@ def settings_from_config(config: dict, name: str | None = None) -> Settings:
     if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
         raise UserError(f"config `shards` must be an integer >= 1; got {shards!r}")
     fmt, parts = resolve_input(inp["path"], inp["format"])
+    reads = task_class(model["task"]).inputs(inp, dict(config.get(model["task"]) or {})) if model["task"] in TASKS else None
     return Settings(
         input=InputSettings(
             path=inp["path"],
@@ -127,6 +141,10 @@ def settings_from_config(config: dict, name: str | None = None) -> Settings:
             null_text=inp["null_text"],
             columns=tuple(inp.get("columns") or ()),
             stage=inp["stage"],
+            delimiter=inp.get("delimiter"),
+            task_columns=reads.columns if reads else (),
+            column_keys=reads.keys if reads else (),
+            text_columns=reads.texts if reads else None,
         ),
         model=ModelSettings(
             path=None if model.get("path") is None else resolve_model_path(model["path"]),

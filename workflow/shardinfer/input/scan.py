@@ -480,55 +480,62 @@ def _check_columns(inp: InputSettings, fields: pa.Schema | None) -> None:
     would be read as one of them, silently; Arrow takes the first in csv and the last in parquet.
     JSONL: in `fields`, those of every part (a field only some parts carry is null in the others)."""
     names = column_names(inp) if fields is None else fields.names
-    task_role = "columns" if inp.columns else "text_column"
-    roles = [(c, task_role) for c in inp.task_columns] + [(c, "keep_columns") for c in inp.keep_columns]
+    roles = [*zip(inp.task_columns, inp.column_keys), *((c, "input.keep_columns") for c in inp.keep_columns)]
     for column, role in roles:
         if column not in names:
-            raise UserError(f"input.{role}: column `{column}` is not in `{inp.path}`; "
+            raise UserError(f"{role}: column `{column}` is not in `{inp.path}`; "
                             f"its columns are: {', '.join(names)}")
         if names.count(column) > 1:
-            raise UserError(f"input.{role}: `{inp.path}` has {names.count(column)} columns named `{column}`; "
+            raise UserError(f"{role}: `{inp.path}` has {names.count(column)} columns named `{column}`; "
                             "rename them so that each name is one column")
 
 
-def _check_text_type(inp: InputSettings, text: pa.Array) -> None:
+def _check_text_type(inp: InputSettings, column: str, text: pa.Array) -> None:
     kind = text.type.value_type if pa.types.is_dictionary(text.type) else text.type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)):
-        raise UserError(f"input.text_column `{inp.text_column}` holds {text.type}, not text (strings) in `{inp.path}`")
+        key = dict(zip(inp.task_columns, inp.column_keys)).get(column, "input.text_column")
+        raise UserError(f"{key} `{column}` holds {text.type}, not text (strings) in `{inp.path}`")
 
 
 class _TextMeasure:
-    """Characters per row and the null rows of the text column, batch by batch."""
+    """Characters per row (summed over the task's text columns: the plan's cost) and the rows
+    where any of them is null, batch by batch."""
 
     def __init__(self, inp: InputSettings) -> None:
         self.inp, self.chars, self.nulls, self.first_nulls = inp, [], 0, []
 
-    def add(self, text: pa.Array, first_row: int) -> None:
-        if text.type != pa.null():
-            _check_text_type(self.inp, text)
-        self.chars.append(text_lengths(text))
-        if text.null_count:
-            positions = pc.indices_nonzero(text.is_null()).to_pylist()
+    def add(self, batch: pa.RecordBatch, first_row: int) -> None:
+        chars, null = np.zeros(batch.num_rows, dtype=np.int32), np.zeros(batch.num_rows, dtype=bool)
+        for column in self.inp.text_columns:
+            text = batch.column(column)
+            if text.type != pa.null():
+                _check_text_type(self.inp, column, text)
+            chars += text_lengths(text)
+            if text.null_count:
+                null |= text.is_null().to_numpy(zero_copy_only=False)
+        self.chars.append(chars)
+        if null.any():
+            positions = np.flatnonzero(null)
             self.nulls += len(positions)
-            self.first_nulls.extend(first_row + p for p in positions[: NULLS_LISTED - len(self.first_nulls)])
+            self.first_nulls.extend(first_row + int(p) for p in positions[: NULLS_LISTED - len(self.first_nulls)])
 
 
 def scan_input(inp: InputSettings, fields: pa.Schema | None = None) -> InputScan:
     """Count the rows, measure and check every text value once, streaming, and mark where each
-    CSV/JSONL block starts; raises on anything unusable. A custom task's columns are not one text:
-    its rows are counted and read (so a bad value is found here), not measured (chars 0).
+    CSV/JSONL block starts; raises on anything unusable. Columns that are not text (a custom
+    task's) are counted and read (so a bad value is found here), not measured (chars 0).
     `fields`: a JSONL part's fields typed over the whole input (default: this file's own)."""
     if inp.format == "jsonl" and fields is None:
         fields = jsonl_fields(inp.path)
     _check_columns(inp, fields)
-    measure = None if inp.columns else _TextMeasure(inp)
+    measure = _TextMeasure(inp) if inp.text_columns else None
     rows, marks = 0, []
     task_only = dataclasses.replace(inp, keep_columns=())  # the task's columns only
     for mark, batch in _marked_batches(task_only, span=file_span(inp.format, fields)):
         if mark is not None and (not marks or marks[-1] != mark):
             marks.append(mark)
         if measure:
-            measure.add(batch.column(0), rows)
+            measure.add(batch, rows)
         rows += batch.num_rows
     chars = [np.zeros(rows, dtype=np.int32)] if measure is None else measure.chars
     return InputScan(rows=rows, null_texts=measure.nulls if measure else 0,

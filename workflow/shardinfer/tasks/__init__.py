@@ -48,9 +48,7 @@ def output_columns(task: str) -> tuple[str, ...]:
 
 def is_text_task(task: str) -> bool:
     """Whether the task reads `input.text_column` through a tokenizer (and can tokenize ahead)."""
-    from shardinfer.tasks.text import TextTask
-
-    return issubclass(task_class(task), TextTask)
+    return bool(getattr(task_class(task), "tokenizes", False))
 
 
 def may_write_files(task: str) -> bool:

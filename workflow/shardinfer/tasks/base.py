@@ -39,6 +39,16 @@ from shardinfer.config import BatchSettings, Settings
 
 
 @dataclass(frozen=True)
+class TaskInputs:
+    """The input columns a task reads, declared by the task (torch-free, from the config) so that
+    the plan, the checks and the shard job take them from it and name no task."""
+
+    columns: tuple[str, ...]  # in the order `prepare` gets them (then come the keep columns)
+    keys: tuple[str, ...]  # the config key that names each column, for errors: `input.text_column`
+    texts: tuple[str, ...]  # those holding text: strings, null only as input.null_text says; the plan's cost
+
+
+@dataclass(frozen=True)
 class LoadContext:
     """What a task is loaded with, once per shard job."""
 
@@ -78,6 +88,12 @@ class Task:
     @classmethod
     def load(cls, context: LoadContext) -> Task:
         raise NotImplementedError
+
+    @classmethod
+    def inputs(cls, inp: dict, section: dict) -> TaskInputs:
+        """The columns the task reads, from the validated config's input (`inp`) and the task's own
+        section: by default the text column, whose characters the plan balances."""
+        return TaskInputs((inp["text_column"],), ("input.text_column",), (inp["text_column"],))
 
     @classmethod
     def plan_overhead(cls, settings: Settings) -> int:

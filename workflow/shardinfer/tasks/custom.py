@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from shardinfer.errors import UserError
 from shardinfer.proof.shard_file import INDEX_COLUMN, arrow_type, file_suffix
-from shardinfer.tasks.base import LoadContext, Task, Window, matrix_to_list_array
+from shardinfer.tasks.base import LoadContext, Task, TaskInputs, Window, matrix_to_list_array
 
 log = logging.getLogger(__name__)
 OUTPUT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # may become part of file names
@@ -99,6 +99,12 @@ class Custom(Task):
     outputs: dict[str, str] = {}  # known once the user's code is loaded
     writes_files = True  # its outputs may declare file columns
     cost_unit = "cost units"
+
+    @classmethod
+    def inputs(cls, inp: dict, section: dict) -> TaskInputs:
+        """`input.columns`, handed to the user's code as they are: none of them is measured as text."""
+        columns = tuple(inp.get("columns") or ())
+        return TaskInputs(columns, ("input.columns",) * len(columns), ())
 
     def __init__(self, predictor: Any, context: LoadContext) -> None:
         self.predictor = predictor

@@ -17,6 +17,7 @@ class TextTask(Task):
     """A task over `input.text_column` with a transformers model class (`auto_class`, by name)."""
 
     auto_class: ClassVar[str]
+    tokenizes: ClassVar[bool] = True  # reads its text through a tokenizer (and can tokenize ahead)
     padding_side: ClassVar[str | None] = None  # None: the tokenizer's own
 
     def __init__(self, loaded, tokenizer, pad_id: int, context: LoadContext) -> None:
