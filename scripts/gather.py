@@ -6,7 +6,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
 snakemake = globals()["snakemake"]  # the job object injected by the script: directive
 
-from shardinfer.config import Settings  # noqa: E402
+from shardinfer.config import EvaluateSettings, Settings  # noqa: E402
 from shardinfer.proof.gather import run_gather  # noqa: E402
 from shardinfer.jobs import run_job  # noqa: E402
 
@@ -22,4 +22,5 @@ run_job(
     predictions=snakemake.output.predictions,
     summary=snakemake.output.summary,
     files_folders=list(snakemake.input.files),
+    evaluate=EvaluateSettings(**snakemake.params.evaluate),
 )

@@ -312,10 +312,11 @@ def read_like_the_shards(path: Path, shards: int) -> dict:
 def read_last_from_the_start(settings, plan) -> None:
     """The last shard read from the file's start, as before spans (JSONL: with the types this process
     already knows; a shard job without its span also reads the whole file once more to type it)."""
-    from shardinfer.input.scan import iter_range
+    from shardinfer.input.formats import format_named
 
     start, end = plan.ranges[-1]
-    assert sum(batch.num_rows for _, batch in iter_range(settings, start, end)) == end - start
+    rows = format_named(settings.format).read_range(settings, start, end)
+    assert sum(batch.num_rows for _, batch in rows) == end - start
 
 
 def report_reads(folder: Path, gigabytes: float, shards: int) -> None:

@@ -9,5 +9,6 @@ snakemake = globals()["snakemake"]  # the job object injected by the script: dir
 from shardinfer.jobs import run_job  # noqa: E402
 from shardinfer.report import ReportFiles, write_report  # noqa: E402
 
-files = ReportFiles(**{name: getattr(snakemake.output, name) for name in ReportFiles.__dataclass_fields__})
+# The `evaluate:` items are outputs only when it is on (METRICS_ITEMS in common.smk): None otherwise.
+files = ReportFiles(**{name: getattr(snakemake.output, name, None) for name in ReportFiles.__dataclass_fields__})
 run_job(snakemake.log[0], write_report, snakemake.input.summary, files)

@@ -296,3 +296,23 @@ def build_tiny_causal_lm(root: Path) -> Path:
     model.save_pretrained(path)
     save_word_tokenizer(path)
     return path
+
+
+def build_tiny_cross_encoder(root: Path, num_labels: int = 1) -> Path:
+    """A tiny BERT cross-encoder over WORDS for task score: one label (its logit is a pair's score;
+    other counts for the refusal), two token types. Random weights drawn with a large spread
+    (normal(0, 0.5)), so scores vary from pair to pair and a pair read as one segment (token types
+    all 0) scores visibly otherwise."""
+    import torch
+    from transformers import BertForSequenceClassification
+
+    path = root / f"cross-encoder-{num_labels}"
+    torch.manual_seed(13)
+    model = BertForSequenceClassification(bert_config(num_labels=num_labels, type_vocab_size=2))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() == 2:
+                parameter.normal_(0.0, 0.5)
+    model.save_pretrained(path)
+    save_tokenizer(path)
+    return path

@@ -2,25 +2,44 @@
 
 import copy
 import os
+import re
 
 import pytest
 
-from factory import REPO, input_frame, workflow_config, write_input
+from factory import REPO, input_frame, run_workflow, workflow_config, write_input
 from shardinfer.checks import check_settings, schema_errors
 from shardinfer.config import resolve_model_path, settings_from_config
 from shardinfer.input.discovery import detect_format
+from shardinfer.schema import SCHEMA_PATH, defaults, schema
 from shardinfer.settings_digest import output_digest
 from shardinfer.errors import UserError
+from shardinfer.tasks import TASKS
 
-DEFAULTS = {
-    "input": {"format": "auto", "text_column": "text", "keep_columns": [], "null_text": "error", "stage": "auto"},
-    "model": {"adapter": None, "task": "classify", "max_length": 512, "dtype": "auto", "trust_remote_code": False,
-              "allow_pickle": False},
-    "embed": {"pooling": "mean", "normalize": False},
-    "batch": {"max_tokens": 16384, "max_rows": 256, "sort_window": 16384},
-    "tokenize": {"ahead": False},
-    "shards": 8,
-}
+# A config as the Snakefile's `validate` fills it, `input` included: read from the schema (the
+# test below checks that against Snakemake's own filling), for tests that skip the schema.
+DEFAULTS = {**defaults(), "input": defaults("input")}
+
+
+def test_defaults_are_what_snakemakes_validate_fills():
+    """`shardinfer.schema.defaults`, which code building settings by hand reads, fills a config as
+    the Snakefile's `validate` does: every section, and each named input as `input`."""
+    from snakemake.utils import validate
+
+    one = {"input": {"path": "in.csv"}, "model": {}}
+    validate(one, str(SCHEMA_PATH))
+    assert one == {**DEFAULTS, "input": {**DEFAULTS["input"], "path": "in.csv"}}
+    named = {"inputs": {"val": {"path": "val.csv"}}, "model": {}}
+    validate(named, str(SCHEMA_PATH))
+    assert named["inputs"]["val"] == {**DEFAULTS["input"], "path": "val.csv"}
+
+
+def test_an_unknown_task_is_refused_naming_the_registrys(tmp_path, models):
+    """`model.task` is checked against shardinfer.tasks.TASKS, not a list in the schema: adding a
+    task is its module and one registry line."""
+    assert "enum" not in schema()["properties"]["model"]["properties"]["task"]
+    with pytest.raises(UserError, match=r"^model.task must be one of (.*); got 'clasify'$") as caught:
+        check_settings(settings(tmp_path, models, model={"task": "clasify"}))
+    assert all(task in str(caught.value) for task in TASKS)
 
 
 def settings(tmp_path, models, **overrides):
@@ -40,8 +59,9 @@ def test_format_from_extension(name, fmt):
 
 def test_unknown_extension_lists_the_allowed_ones(tmp_path):
     (tmp_path / "data.xlsx").write_text("")
-    with pytest.raises(UserError, match=r"input `.*data.xlsx`: unknown file type; allowed extensions: .csv, .jsonl"):
+    with pytest.raises(UserError, match=r"input `.*data.xlsx`: unknown file type; allowed extensions: ") as caught:
         detect_format(str(tmp_path / "data.xlsx"))
+    assert ".csv" in str(caught.value) and ".parquet" in str(caught.value)
 
 
 def test_a_mistyped_folder_is_said_not_to_exist_not_to_be_of_unknown_type(tmp_path):
@@ -89,7 +109,7 @@ def test_digest_follows_output_settings_and_model_files(tmp_path, models):
     assert output_digest(settings(tmp_path, models)) != base
 
 
-SCHEMA = str(REPO / "workflow" / "schemas" / "config.schema.yaml")
+SCHEMA = str(SCHEMA_PATH)
 
 
 @pytest.mark.parametrize(
@@ -97,9 +117,7 @@ SCHEMA = str(REPO / "workflow" / "schemas" / "config.schema.yaml")
     [
         ({"shards": 0}, r"config `shards`: 0 is less than the minimum of 1"),
         ({"shards": "4"}, r"config `shards`: '4' is not of type 'integer'"),
-        ({"model": {"path": "m", "task": "clasify"}}, r"config `model.task`: 'clasify' is not one of \['classify', 'embed', 'generate', 'custom'\]"),
         ({"model": {"path": "m", "max_length": 0}}, r"config `model.max_length`: 0 is less than the minimum of 1"),
-        ({"input": {"path": "x", "format": "xlsx"}}, r"config `input.format`: 'xlsx' is not one of"),
         ({"colour": "red"}, r"config `\(top level\)`: Additional properties are not allowed \('colour' was unexpected\)"),
     ],
 )
@@ -146,8 +164,8 @@ def test_directory_without_table_files_is_named_a_directory(tmp_path, models, na
     folder.mkdir()
     for marker in ("_SUCCESS", ".part-00000.parquet.crc", "README.md", "part-00000"):
         (folder / marker).write_text("not a part")
-    with pytest.raises(UserError, match=r"input.path `.*` is a directory with no table files \(.csv, .jsonl, "
-                                        r".*give a glob such as `.*part-\*` and set input.format") as caught:
+    with pytest.raises(UserError, match=r"input.path `.*` is a directory with no table files \(.*\.csv.*"
+                                        r"give a glob such as `.*part-\*` and set input.format") as caught:
         settings(tmp_path, models, input={"path": str(folder), "format": fmt})
     assert "\n" not in str(caught.value)
 
@@ -221,7 +239,7 @@ def test_generate_refuses_an_encoder_named_in_its_config(tmp_path, models):
     ({"max_length": 16, "max_new_tokens": 1_000_000}, {},
      r"model.max_new_tokens 1000000 leaves no room for a prompt within the model's limit of 64 positions; use at most "
      r"48 with max_length 16$"),
-    ({"max_length": 16, "max_new_tokens": 4}, {"tokenize": {"ahead": True}}, r"tokenize.ahead is for classify and embed"),
+    ({"max_length": 16, "max_new_tokens": 4}, {"tokenize": {"ahead": True}}, r"tokenize.ahead is for .*; task generate tokenizes its prompts"),
     ({"max_length": 16, "max_new_tokens": 4, "path": "ENCODER"}, {}, r"holds BertModel, not a causal language model"),
 ])
 def test_generate_settings_are_checked_at_load(tmp_path, models, model, extra, message):
@@ -275,3 +293,38 @@ def test_custom_digest_follows_files_below_model_path_and_the_hook(tmp_path, mod
 def test_custom_digest_refuses_a_module_it_cannot_find(tmp_path, models):
     with pytest.raises(UserError, match=r"model.entrypoint `json.no_such_part:build`: no source file of"):
         output_digest(custom_settings(tmp_path, models, entrypoint="json.no_such_part:build"))
+
+
+# A user's Snakefile that runs the workflow as a module (README, "Use as a module").
+MODULE_SNAKEFILE = f"""\
+configfile: "config/config.yaml"
+
+
+module shardinfer:
+    snakefile:
+        "{REPO}/workflow/Snakefile"
+    config:
+        config
+
+
+use rule * from shardinfer as shardinfer_*
+"""
+
+
+@pytest.mark.parametrize("as_module", [False, True])
+@pytest.mark.parametrize("change,message", [
+    ({"shards": 0}, r"ERROR: config `shards`: 0 is less than the minimum of 1"),
+    ({"model": {"path": "no-model"}}, r"ERROR: model.path `no-model` is not a Hugging Face model directory .*"),
+])
+def test_a_config_error_is_its_error_line_alone_on_the_terminal(tmp_path, as_module, change, message):
+    """Found while the Snakefile loads (a schema error, a load-time check): the one ERROR line, no
+    `File ".../common.smk", line ...` traceback lines under it, and a failed exit status."""
+    path = write_input(input_frame(3), tmp_path / "data" / "input.parquet")
+    snakefile = tmp_path / "Snakefile"
+    snakefile.write_text(MODULE_SNAKEFILE)
+    given = ("-s", str(snakefile)) if as_module else ()  # the last -s wins over run_workflow's
+    result = run_workflow(tmp_path, workflow_config(path, "no-model", **change), "-n", *given)
+    shown = result.stdout + result.stderr
+    errors = [line for line in shown.splitlines() if "error" in line.lower()]
+    assert result.returncode == 1 and len(errors) == 1 and re.fullmatch(message, errors[0]), shown
+    assert 'File "' not in shown and "Traceback" not in shown, shown

@@ -7,16 +7,21 @@ import torch
 
 import reference
 from factory import LABELS, bert_config, build_lora_on_plain_base, input_settings, save_tokenizer, settings_for, texts
-from shardinfer.checks import check_labels
 from shardinfer.config import BatchSettings, ModelSettings, Settings
 from shardinfer.settings_digest import output_digest
 from shardinfer.errors import UserError
+from shardinfer.tasks import task_class
 from shardinfer.tasks.labels import label_names
 
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.classify import Classify
 
 NAMES = ("neg", "neu", "pos")
+
+
+def check_labels(model: ModelSettings) -> None:
+    """The task's own check of `model.labels`, as the config checks run it."""
+    task_class(model.task).check_labels(model)
 
 
 @pytest.fixture(scope="module")

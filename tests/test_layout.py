@@ -16,10 +16,20 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _runtime_nodes(tree: ast.AST):
+    """Every node but those under `if TYPE_CHECKING:` (imports for type hints only, never run)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            continue
+        yield node
+        yield from _runtime_nodes(node)
+
+
 def imports_of(path: Path) -> set[str]:
-    """The package's modules that a module imports, at any depth of its code (lazy imports too)."""
+    """The package's modules that a module imports when it runs, at any depth of its code (lazy
+    imports too; not those for type checkers only)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _runtime_nodes(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("shardinfer"):
             found.add(node.module)
         elif isinstance(node, ast.Import):

@@ -108,15 +108,3 @@ def test_the_catalogs_standard_layout_and_its_rulegraph_check_hold(tmp_path):
     names = dict(re.findall(r'(\d+)\[label = "(\w+)"', result.stdout))
     assert {(names[a], names[b]) for a, b in edges} >= {("plan", "infer"), ("infer", "gather"), ("gather", "report_items"),
                                                          ("gather", "all"), ("report_items", "all")}
-
-
-def test_config_readme_describes_every_schema_key():
-    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
-    table = (REPO / "config" / "README.md").read_text()
-
-    def keys(node, prefix=""):
-        for name, child in node.get("properties", {}).items():
-            yield from keys(child, f"{prefix}{name}.") if child.get("properties") else [f"{prefix}{name}"]
-
-    missing = [key for key in keys(schema) if f"| `{key}` |" not in table]
-    assert not missing, f"config/README.md has no row for {missing}"

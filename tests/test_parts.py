@@ -22,7 +22,8 @@ from shardinfer.errors import ProofError, UserError
 from shardinfer.proof.gather import prove
 from shardinfer.input.identity import gather_trigger, plan_trigger
 from shardinfer.input.discovery import resolve_input
-from shardinfer.input.parts import common_type, iter_pieces
+from shardinfer.input.formats.base import common_type
+from shardinfer.input.parts import iter_pieces
 from shardinfer.plan import make_plan, read_plan, run_plan
 from test_workflow import assert_refused, run_ok
 

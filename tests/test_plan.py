@@ -8,7 +8,7 @@ import pytest
 
 from factory import bytes_read, input_frame, write_input
 from factory import input_settings as settings_for
-from shardinfer.input import scan as tables
+from shardinfer.input.formats import text_blocks as tables
 from shardinfer.errors import UserError
 from shardinfer.input.parts import iter_pieces
 from shardinfer.plan import PLAN_VERSION, balanced_ranges, estimated_tokens, make_plan, read_plan, write_plan

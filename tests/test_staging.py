@@ -15,13 +15,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from factory import gzipped, input_frame, input_settings
-from shardinfer.input import scan as tables
-from shardinfer.input import staging
+from shardinfer.input.formats import parquet, text_blocks
+from shardinfer.input.formats import text_blocks as tables
 from shardinfer.errors import ProofError, UserError
 from shardinfer.proof.gather import check_part
 from shardinfer.input.parts import iter_pieces
 from shardinfer.plan import make_plan, read_plan, run_plan
-from shardinfer.input.staging import rows_read, should_stage, stage_part
+from shardinfer.input.formats import format_named
+from shardinfer.input.staging import should_stage, stage_part
 from test_parts import parts_settings, write_parts
 
 MiB = 1 << 20
@@ -45,13 +46,21 @@ def staged_input(tmp_path, name: str, shards: int = 4, stage: str = "always", ro
     return inp, read_plan(str(tmp_path / "plan.json")), frame
 
 
-def test_rows_read_in_place_by_kind_of_file():
+def test_rows_read_in_place_by_kind_of_file(tmp_path):
     held = [(0, 250), (250, 500), (500, 750), (750, 1000)]
-    assert rows_read(held, [0], seekable=True) == 2500  # one row group: each shard from the group's start
-    assert rows_read(held, [0, 250, 500, 750], seekable=True) == 1000  # groups at the shard boundaries
-    assert rows_read(held, [0, 97, 194, 291, 388, 485, 582, 679, 776, 873, 970], seekable=True) == 1000 + 56 + 15 + 71  # from 194, 485, 679
-    assert rows_read(held, None, seekable=False) == 2500  # compressed: from the file's start
-    assert rows_read(held, None, seekable=True) == 1000  # CSV/JSONL spans
+    table = pa.table({"text": [f"row {i}" for i in range(1000)]})
+
+    def parquet_read(group_rows: int) -> int:
+        path = tmp_path / f"groups-{group_rows}.parquet"
+        pq.write_table(table, path, row_group_size=group_rows)
+        return format_named("parquet").rows_read(str(path), held)
+
+    assert parquet_read(1000) == 2500  # one row group: each shard from the group's start
+    assert parquet_read(250) == 1000  # groups at the shard boundaries
+    assert parquet_read(97) == 1000 + 56 + 15 + 71  # from 194, 485, 679
+    assert format_named("csv").rows_read(str(tmp_path / "in.csv.gz"), held) == 2500  # compressed: from the start
+    assert format_named("csv").rows_read(str(tmp_path / "in.csv"), held) == 1000  # text spans
+    assert format_named("arrow").rows_read(str(tmp_path / "in.arrow"), held) == 1000  # any row, in place
 
 
 @pytest.mark.parametrize("mode, size, read, staged", [
@@ -108,8 +117,8 @@ def test_a_kept_text_column_is_copied_once_and_read_twice(tmp_path):
 
 
 def test_a_parquet_copy_also_cuts_groups_at_a_memory_bound(tmp_path, monkeypatch):
-    monkeypatch.setattr(staging, "GROUP_BYTES", 4096)
-    monkeypatch.setattr(tables, "PARQUET_BATCH_ROWS", 50)  # the bound is checked batch by batch
+    monkeypatch.setattr(parquet, "GROUP_BYTES", 4096)
+    monkeypatch.setattr(parquet, "BATCH_ROWS", 50)  # the bound is checked batch by batch
     inp, plan, frame = staged_input(tmp_path, "in.parquet", shards=3)
     metadata = pq.ParquetFile(plan.parts[0].staged.path).metadata
     ends = {sum(metadata.row_group(g).num_rows for g in range(k + 1)) for k in range(metadata.num_row_groups)}
@@ -189,7 +198,7 @@ def test_a_part_replaced_while_it_is_staged_is_refused(tmp_path, monkeypatch):
     """The digest thread and the copier open the part apart: a file renamed over it in between is
     caught by its inode, though the digest read the planned bytes."""
     inp, plan, _ = staged_input(tmp_path, "in.csv.gz")
-    part, real = plan.parts[0], staging._decompressed_copy
+    part, real = plan.parts[0], text_blocks.TextFormat.stage
 
     def replaced_meanwhile(*args):
         digest = real(*args)
@@ -199,7 +208,7 @@ def test_a_part_replaced_while_it_is_staged_is_refused(tmp_path, monkeypatch):
         os.utime(part.path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
         return digest
 
-    monkeypatch.setattr(staging, "_decompressed_copy", replaced_meanwhile)
+    monkeypatch.setattr(text_blocks.TextFormat, "stage", replaced_meanwhile)
     target = tmp_path / "again" / "00000.csv"
     with pytest.raises(UserError, match=r"changed while it was being staged"):
         stage_part(inp, part.path, part.digest, [(0, 500), (500, 1000)], target)

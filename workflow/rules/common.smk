@@ -4,10 +4,21 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
-from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 from snakemake.utils import validate
+
+
+def refuse(message) -> NoReturn:
+    """Stop loading the workflow with `ERROR: <message>` as the one line on the terminal, exit 1.
+
+    Snakemake prints an exception raised while a Snakefile loads with its class, file and line
+    and a `File "..."` line per frame in a workflow file (snakemake/exceptions.py, format_error);
+    SystemExit is no Exception, so it passes the `except Exception` that prints them (cli.py).
+    """
+    logger.error(f"ERROR: {message}")
+    sys.exit(1)
 
 
 def package_root() -> str:
@@ -17,8 +28,8 @@ def package_root() -> str:
     here = workflow.current_basedir
     root = Path(here.get_path_or_uri(secret_free=True)).parent
     if not (root / "shardinfer" / "__init__.py").is_file():
-        raise WorkflowError(
-            f"ERROR: shardinfer is loaded from {here}, where its Python package is missing "
+        refuse(
+            f"shardinfer is loaded from {here}, where its Python package is missing "
             "(Snakemake fetches the Snakefiles from a remote or git source, not the package); "
             "clone the repository and give `snakefile:` the clone's Snakefile path"
         )
@@ -37,29 +48,29 @@ from shardinfer.tasks import may_write_files, task_class
 from shardinfer.terminal import summary_lines
 
 
-def load_settings(config):
-    """Validate the config (filling defaults) and check it against the file system, once: the
-    settings of each input, by name (None for the one `input`)."""
+def load_inputs(config):
+    """Validate the config (filling defaults) and check it against the file system, once: what the
+    jobs of each input take, by name (None for the one `input`). A bad value is refused in one line.
+    """
     try:
         check_input_keys(config)
         schema_errors(config, workflow.source_path("../schemas/config.schema.yaml"))
         validate(config, "../schemas/config.schema.yaml")
         by_name = settings_by_input(config)
         check_inputs(by_name)
+        inputs = {name: InputJobs.of(settings) for name, settings in by_name.items()}
     except UserError as error:
-        raise WorkflowError(f"ERROR: {error}") from None
-    note = shard_count_note(sum(settings.shards for settings in by_name.values()))
+        refuse(error)
+    note = shard_count_note(sum(run.shards for run in inputs.values()))
     if note and workflow.is_main_process:  # not again in each job of a cluster run
         logger.warning(note)
-    return by_name
+    return inputs
 
 
 # What the jobs of each input take (shardinfer.rule_params). One input (`input:`): INPUTS is {None: ...}
 # and paths are as they always were (results/plan.json). Named inputs (`inputs:`): a `{name}`
 # wildcard in every path (results/val/plan.json), by which the jobs' values are looked up.
-INPUTS = {
-    name: InputJobs.of(settings) for name, settings in load_settings(config).items()
-}
+INPUTS = load_inputs(config)
 NAMED = None not in INPUTS
 # The model, batch and task settings: the same for every input.
 SETTINGS = next(iter(INPUTS.values())).settings
@@ -113,6 +124,35 @@ FILES_DIR = named_path("results/files/{shard}")
 SHARD_FILES_OUTPUT = (
     {"files": directory(FILES_DIR)} if may_write_files(SETTINGS.model.task) else {}
 )
+
+
+def metrics_items():
+    """The report items of `evaluate:` (shardinfer.metrics), among the outputs of report_items; none
+    when it is off, else the scores' table, and for a task scored against labels the confusion matrix.
+    """
+    if SETTINGS.evaluate.label_column is None:
+        return {}
+    items = {
+        "metrics": report(
+            named_path("results/report/metrics.html"),
+            caption="../report/metrics.rst",
+            category="Evaluation",
+            subcategory="Scores",
+            labels=report_labels({"item": "scores against the gold labels"}),
+        )
+    }
+    if task_class(SETTINGS.model.task).scored_as == "labels":
+        items["confusion"] = report(
+            named_path("results/report/confusion.png"),
+            caption="../report/confusion.rst",
+            category="Evaluation",
+            subcategory="Scores",
+            labels=report_labels({"item": "confusion matrix"}),
+        )
+    return items
+
+
+METRICS_ITEMS = metrics_items()
 # One tokenizer key for all inputs (shardinfer.rule_params.shared_tokenizer_key): a constant in the pattern.
 TOKENIZER_KEY = (
     shared_tokenizer_key([tokenizer_digest(run.settings) for run in INPUTS.values()])

@@ -18,6 +18,8 @@ rule gather:
     params:
         settings=input_value("job_settings"),
         digest=input_value("digest"),
+        # gather's alone, not the shards': changing `evaluate:` reruns gather and the report only.
+        evaluate=input_value("evaluate"),
         # Only a rerun trigger: a copied or rewritten input is checked again by its content digest.
         input_identity=input_value("identity"),
     script:

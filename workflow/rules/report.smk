@@ -2,6 +2,8 @@ rule report_items:
     input:
         summary=rules.gather.output.summary,
     output:
+        # With `evaluate:`, the scores' table and the confusion matrix (common.smk); none otherwise.
+        **METRICS_ITEMS,
         run=report(
             named_path("results/report/run.html"),
             caption="../report/run.rst",
@@ -42,7 +44,7 @@ rule report_items:
     benchmark:
         named_path("logs/report.benchmark.tsv")
     # Runs where Snakemake runs, never submitted to a cluster: it reads one JSON file and draws
-    # three small figures, in about a second.
+    # a few small figures, in about a second.
     localrule: True
     conda:
         "../../envs/inference.yaml"

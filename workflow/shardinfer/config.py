@@ -14,6 +14,7 @@ from pathlib import Path
 
 from shardinfer.errors import UserError
 from shardinfer.input.discovery import resolve_input
+from shardinfer.schema import defaults
 from shardinfer.tasks import TASKS, task_class
 
 PACKAGE_PREFIX = "pkg:"
@@ -28,8 +29,10 @@ class InputSettings:
     null_text: str
     columns: tuple[str, ...] = ()  # task custom: the input columns handed to the user's code
     parts: tuple[str, ...] = ()  # the files `path` names, in row order (shardinfer.input.discovery); (): `path` itself
-    stage: str = "auto"  # when the plan copies a part for its shards to read by range (shardinfer.input.staging)
+    # when the plan copies a part for its shards to read by range (shardinfer.input.staging)
+    stage: str = field(default_factory=lambda: defaults("input")["stage"])
     delimiter: str | None = None  # CSV: the field separator (None: the format's own, `,` or a tab for .tsv)
+    split: str | None = None  # a Hugging Face DatasetDict folder: the split to read (shardinfer.input.formats.hf_dataset)
     # What the task reads (`Task.inputs`, filled by settings_from_config): its columns in the order
     # it gets them, the config key naming each (for errors), and those that hold text (the plan
     # measures them for its cost; a null is allowed only as `null_text` says). Default: the text column.
@@ -91,13 +94,23 @@ class BatchSettings:
 
 
 @dataclass(frozen=True)
+class EvaluateSettings:
+    """`evaluate:`, which gather alone reads: the shard jobs never get it (rule_params.InputJobs), so
+    changing it reruns gather and the report, not a shard."""
+
+    label_column: str | None = None  # a keep column of gold values; None: nothing is scored
+
+
+@dataclass(frozen=True)
 class Settings:
     input: InputSettings
     model: ModelSettings
     batch: BatchSettings
     shards: int
-    tokenize_ahead: bool = False  # token ids made by a CPU rule per shard, not inside the GPU job
+    # token ids made by a CPU rule per shard, not inside the GPU job
+    tokenize_ahead: bool = field(default_factory=lambda: defaults("tokenize")["ahead"])
     task_settings: dict = field(default_factory=dict)  # the config section named after the task (`embed:`)
+    evaluate: EvaluateSettings = field(default_factory=EvaluateSettings)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -109,8 +122,9 @@ class Settings:
             model=ModelSettings.from_dict(data["model"]),
             batch=BatchSettings(**data["batch"]),
             shards=int(data["shards"]),
-            tokenize_ahead=bool(data.get("tokenize_ahead", False)),
-            task_settings=dict(data.get("task_settings", {})),
+            tokenize_ahead=bool(data["tokenize_ahead"]),
+            task_settings=dict(data["task_settings"]),
+            evaluate=EvaluateSettings(**(data.get("evaluate") or {})),
         )
 
 
@@ -129,7 +143,7 @@ def settings_from_config(config: dict, name: str | None = None) -> Settings:
     shards = inp.get("shards", config["shards"])
     if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
         raise UserError(f"config `shards` must be an integer >= 1; got {shards!r}")
-    fmt, parts = resolve_input(inp["path"], inp["format"])
+    fmt, parts = resolve_input(inp["path"], inp["format"], inp["split"])
     reads = task_class(model["task"]).inputs(inp, dict(config.get(model["task"]) or {})) if model["task"] in TASKS else None
     return Settings(
         input=InputSettings(
@@ -141,28 +155,30 @@ def settings_from_config(config: dict, name: str | None = None) -> Settings:
             null_text=inp["null_text"],
             columns=tuple(inp.get("columns") or ()),
             stage=inp["stage"],
-            delimiter=inp.get("delimiter"),
+            delimiter=inp["delimiter"],
+            split=inp["split"],
             task_columns=reads.columns if reads else (),
             column_keys=reads.keys if reads else (),
             text_columns=reads.texts if reads else None,
         ),
         model=ModelSettings(
-            path=None if model.get("path") is None else resolve_model_path(model["path"]),
+            path=None if model["path"] is None else resolve_model_path(model["path"]),
             adapter=model["adapter"],
             task=model["task"],
             max_length=model["max_length"],
             dtype=model["dtype"],
             trust_remote_code=model["trust_remote_code"],
             allow_pickle=model["allow_pickle"],
-            labels=None if model.get("labels") is None else tuple(model["labels"]),
-            max_new_tokens=model.get("max_new_tokens"),
-            entrypoint=model.get("entrypoint"),
-            options=dict(model.get("options") or {}),
+            labels=None if model["labels"] is None else tuple(model["labels"]),
+            max_new_tokens=model["max_new_tokens"],
+            entrypoint=model["entrypoint"],
+            options=dict(model["options"]),
         ),
         batch=BatchSettings(**config["batch"]),
         shards=shards,
         tokenize_ahead=config["tokenize"]["ahead"],
         task_settings=dict(config.get(model["task"]) or {}),
+        evaluate=EvaluateSettings(**(config.get("evaluate") or {})),
     )
 
 

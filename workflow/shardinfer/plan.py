@@ -4,9 +4,9 @@ The plan file is the contract that gather proves the shard files against. Planni
 imports torch and reads the input once, streaming, part by part (a single file is one part;
 `shardinfer.input.parts`), each part's content digest computed alongside (`shardinfer.input.identity`). It
 records every part (path, first row, rows, size, mtime, digest) and, per shard, its pieces: the
-part rows it holds and, for CSV and JSONL, where they lie in the file (`tables.Span`: a byte
-offset to seek to, with its row and line), plus the read columns' types over all parts (JSONL
-fields; Parquet parts whose types differ), so that a shard reads only its part of the input. A
+part rows it holds and, for the text formats, where they lie in the file (`Span`: a byte
+offset to seek to, with its row and line), plus the read columns' types over all parts
+(`Format.fields`), so that a shard reads only its part of the input. A
 part that shards could not read by range (a gzipped CSV/JSONL, a Parquet file of huge row groups)
 is copied once into the plan's staged folder so that they can (`shardinfer.input.staging`); the plan
 records the copy with its part.
@@ -14,6 +14,7 @@ records the copy with its part.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import json
@@ -31,8 +32,8 @@ from shardinfer.atomic import write_json_atomic
 from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
 from shardinfer.input.parts import Part, PartsScan, Piece, check_same_parts, iter_pieces, scan_parts
+from shardinfer.input.formats.base import Span
 from shardinfer.input.staging import stage_part, staged_name, wants_staging
-from shardinfer.input.scan import Span, fields_from_json, fields_to_json
 
 log = logging.getLogger(__name__)
 # 3: the input's content digest; 4: each shard's span (CSV/JSONL) and the JSONL fields;
@@ -46,6 +47,16 @@ CHARS_PER_TOKEN = 4
 SPECIAL_TOKENS = 2
 COST_ESTIMATE = (f"tokens per row ~ ceil(characters / {CHARS_PER_TOKEN}) + {SPECIAL_TOKENS}, at most max_length, "
                  "+ the task's overhead per row (generate: max_new_tokens)")
+
+
+def fields_to_json(fields: pa.Schema) -> dict:
+    """The parts' types for the plan file: readable types, and the Arrow schema itself (IPC, base64)."""
+    return {"types": {f.name: str(f.type) for f in fields},
+            "arrow_schema": base64.b64encode(fields.serialize().to_pybytes()).decode()}
+
+
+def fields_from_json(data: dict) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(data["arrow_schema"])))
 
 
 def estimated_tokens(chars: np.ndarray, max_length: int) -> np.ndarray:
@@ -88,7 +99,8 @@ class Plan:
     ranges: tuple[tuple[int, int], ...]
     costs: tuple[int, ...]  # estimated tokens per shard (COST_ESTIMATE)
     pieces: tuple[tuple[Piece, ...], ...]  # per shard, its rows in each part it overlaps
-    fields: pa.Schema | None = None  # JSONL: every field, typed over all parts; Parquet: parts.parquet_fields
+    fields: pa.Schema | None = None  # the types every part is read in (`Format.fields`)
+    split: str | None = None  # input.split: the DatasetDict's split that `input_path` resolves to
 
     @property
     def shards(self) -> int:
@@ -103,7 +115,7 @@ class Plan:
         """Refuse to use a plan whose input has changed since planning: a part added, removed or
         renamed (the input resolved again), or one of another size or mtime; or a staged copy
         removed or of another size or mtime."""
-        check_same_parts(self.input_path, self.parts)
+        check_same_parts(self.input_path, self.parts, self.split)
         for part in self.parts:
             part.check_unchanged()
 
@@ -127,7 +139,7 @@ def make_plan(inp: InputSettings, shards: int, max_length: int, staged_dir: str 
         scan = dataclasses.replace(scan, parts=staged_parts(inp, scan.parts, pieces, staged_dir))
         pieces = scan.pieces(list(ranges))  # the same pieces, of the parts with their copies
     return Plan(plan_id=plan_id, input_path=inp.path, parts=scan.parts, rows=scan.rows, ranges=ranges, costs=costs,
-                pieces=pieces, fields=scan.fields)
+                pieces=pieces, fields=scan.fields, split=inp.split)
 
 
 def staged_parts(inp: InputSettings, parts: tuple[Part, ...], pieces: tuple[tuple[Piece, ...], ...], folder: str
@@ -156,10 +168,10 @@ def check_rows(inp: InputSettings, scan: PartsScan) -> None:
         raise UserError(f"input `{inp.path}` has no rows; there is nothing to run")
     if scan.null_texts and inp.null_text == "error":
         listed = ", ".join(map(str, scan.first_null_rows()))
-        raise UserError(
-            f"input.text_column `{inp.text_column}` is null in {scan.null_texts} row(s) (first: {listed}); "
-            "fix the input or set input.null_text: empty"
-        )
+        named = " or ".join(f"{key} `{column}`" for column, key in zip(inp.task_columns, inp.column_keys)
+                            if column in inp.text_columns)
+        raise UserError(f"{named} is null in {scan.null_texts} row(s) (first: {listed}); "
+                        "fix the input or set input.null_text: empty")
 
 
 def write_plan(plan: Plan, path: str) -> None:
@@ -176,7 +188,8 @@ def write_plan(plan: Plan, path: str) -> None:
         {
             "version": PLAN_VERSION,
             "plan_id": plan.plan_id,
-            "input": {"path": plan.input_path, "parts": [asdict(part) for part in plan.parts], **fields},
+            "input": {"path": plan.input_path, "split": plan.split, "parts": [asdict(part) for part in plan.parts],
+                      **fields},
             "rows": plan.rows,
             "cost": {"estimate": COST_ESTIMATE, "total": sum(plan.costs)},
             "shards": [{"shard": i, "start": s, "end": e, "rows": e - s, "cost": c,
@@ -208,6 +221,7 @@ def read_plan(path: str) -> Plan:
         costs=tuple(s["cost"] for s in shards),
         pieces=tuple(tuple(piece(p) for p in s["pieces"]) for s in shards),
         fields=fields,
+        split=data["input"].get("split"),
     )
 
 

@@ -1,4 +1,5 @@
-"""The items of `snakemake --report`: two tables and three figures made from results/summary.json.
+"""The items of `snakemake --report`: two tables and three figures made from results/summary.json,
+and with `evaluate:` a table of the scores and (classify) a confusion-matrix figure.
 
 The rule runs at the end of every run, so it must cost next to nothing: it reads only the summary
 gather wrote (no shard file, no torch), and imports matplotlib inside the plotting functions,
@@ -22,6 +23,9 @@ log = logging.getLogger(__name__)
 
 DPI = 100
 SIZE = (8.0, 4.0)  # inches: 800 x 400 pixels at DPI
+CONFUSION_SIZE = (6.0, 5.0)  # inches: a square matrix, its colour bar beside it
+ANNOTATED = 20  # classes up to which each cell of the confusion matrix shows its count
+TICKED = 40  # classes up to which each is named on the axes
 STAGES = ("read", "tokenize", "read tokens", "prepare", "batch", "device", "write")  # the order a row goes through
 STRAGGLER = 0.75  # a shard under this share of the median rows/s is drawn in red
 MAX_BARS = 200  # more shards than this: each series is one filled outline, not a rectangle per shard
@@ -49,6 +53,8 @@ class ReportFiles:
     rows_per_s: str  # PNG: rows/s per shard, stragglers in red
     stages: str  # PNG: busy seconds per pipeline stage, stacked per shard
     token_lengths: str  # PNG: rows per token length, max_length marked
+    metrics: str | None = None  # HTML: the scores against the gold labels (`evaluate:`; None when off)
+    confusion: str | None = None  # PNG: the confusion matrix (`evaluate:` on a task scored against labels)
 
 
 def rows_per_s(shard: dict) -> float | None:
@@ -114,19 +120,19 @@ def html_table(title: str, rows: list[list], header: list[str] | None = None) ->
     return PAGE.format(title=escape(title), rows="".join(lines))
 
 
-def figure(title: str, xlabel: str, ylabel: str):
+def figure(title: str, xlabel: str, ylabel: str, size: tuple[float, float] = SIZE):
     """A bare Agg figure and its axes; matplotlib is imported here, only when a figure is drawn."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=SIZE, dpi=DPI, layout="constrained")  # room for labels and legend, whatever their size
+    fig = Figure(figsize=size, dpi=DPI, layout="constrained")  # room for labels and legend, whatever their size
     axes = fig.add_subplot()
     axes.set(title=title, xlabel=xlabel, ylabel=ylabel)
     return fig, axes
 
 
-def save(fig, path: str) -> None:
-    """Every plot counts from zero; the top stays where autoscaling put it."""
-    for axes in fig.axes:
+def save(fig, path: str, from_zero: bool = True) -> None:
+    """Every plot counts from zero (`from_zero`; not a matrix); the top stays where autoscaling put it."""
+    for axes in fig.axes if from_zero else ():
         axes.set_ylim(bottom=0)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", dpi=DPI)
@@ -214,6 +220,65 @@ def plot_token_lengths(lengths: dict[str, int], max_length: int | None, truncate
     save(fig, path)
 
 
+def metrics_title(metrics: dict) -> str:
+    """What was scored against what, and what was not (null or unknown gold values)."""
+    title = (f"Scores against `{metrics['label_column']}` ({metrics['compared_with']}): "
+             f"{metrics['scored']:,} of {metrics['rows']:,} rows scored")
+    if metrics.get("null") or metrics.get("unknown"):
+        nulls, unknown = metrics.get("null") or 0, metrics.get("unknown") or 0
+        title += f"; not scored: {nulls:,} null, {unknown:,} unknown to the model"
+        shown = metrics.get("unknown_labels") or []
+        title += f" ({', '.join(repr(entry['value']) for entry in shown)})" if shown else ""
+    return title
+
+
+def metrics_rows(metrics: dict) -> tuple[list[str], list[list]]:
+    """The scores as a table: per class, then accuracy and the averages, as scikit-learn's
+    classification_report lays them out; for exact match, one row per score."""
+    if "exact_match" in metrics:
+        return ["score", "value"], [["exact match", metrics["exact_match"]],
+                                    ["normalized exact match", metrics["normalized_exact_match"]]]
+    rows = [[c["label"], c["precision"], c["recall"], c["f1"], c["support"]] for c in metrics["per_class"]]
+    rows.append(["accuracy", None, None, metrics["accuracy"], metrics["scored"]])
+    for average in ("macro", "weighted"):
+        rows.append([f"{average} avg", metrics.get(f"{average}_precision"), metrics.get(f"{average}_recall"),
+                     metrics.get(f"{average}_f1"), metrics["scored"]])
+    return ["class", "precision", "recall", "F1", "support"], rows
+
+
+def plot_confusion(confusion: dict, path: str) -> None:
+    """Rows scored per (gold, predicted) pair, the diagonal being the right answers: which classes
+    the model mixes up. Counts in the cells up to ANNOTATED classes, names on the axes up to TICKED."""
+    labels, matrix = confusion["labels"], confusion["matrix"]
+    fig, axes = figure("Confusion matrix (rows scored)", "predicted label", "gold label", CONFUSION_SIZE)
+    image = axes.imshow(matrix or [[0]], cmap="Blues", interpolation="nearest", aspect="auto")
+    fig.colorbar(image, ax=axes, label="rows")
+    if len(labels) <= TICKED:
+        slanted = len(labels) > 5  # longer rows of names are slanted so that they do not overlap
+        axes.set_xticks(range(len(labels)), labels, rotation=45 if slanted else 0, ha="right" if slanted else "center")
+        axes.set_yticks(range(len(labels)), labels)
+    if len(labels) <= ANNOTATED:
+        top = max((max(row) for row in matrix), default=0)
+        for i, row in enumerate(matrix):
+            for j, count in enumerate(row):
+                axes.text(j, i, f"{count:,}", ha="center", va="center", color="white" if count > top / 2 else "black")
+    save(fig, path, from_zero=False)
+
+
+def write_metrics(metrics: dict | None, files: ReportFiles) -> None:
+    """The `evaluate:` items the rule asks for: the scores' table, and the confusion matrix."""
+    if files.metrics is None and files.confusion is None:
+        return
+    if not metrics:
+        raise UserError("summary.json has no `metrics` though evaluate.label_column is set; rerun gather with "
+                        "`snakemake --forcerun gather`")
+    header, rows = metrics_rows(metrics)
+    Path(files.metrics).parent.mkdir(parents=True, exist_ok=True)
+    Path(files.metrics).write_text(html_table(metrics_title(metrics), rows, header))
+    if files.confusion is not None:
+        plot_confusion(metrics["confusion"], files.confusion)
+
+
 def read_summary(path: str) -> dict:
     summary = json.loads(Path(path).read_text())
     if "run" not in summary:
@@ -233,4 +298,5 @@ def write_report(summary_path: str, files: ReportFiles) -> None:
     plot_rows_per_s(shards, files.rows_per_s)
     plot_stages(shards, files.stages)
     plot_token_lengths(summary.get("token_lengths") or {}, run["max_length"], run["truncated"], files.token_lengths)
-    log.info("wrote the report items for %d shards: %s", len(shards), ", ".join(vars(files).values()))
+    write_metrics(summary.get("metrics"), files)
+    log.info("wrote the report items for %d shards: %s", len(shards), ", ".join(filter(None, vars(files).values())))

@@ -32,11 +32,14 @@ class InputJobs:
     # infer's and gather's settings: without the list of parts, which they read from the plan, so
     # that thousands of parts are not stored again in every shard job's metadata.
     job_settings: dict
+    # gather's `evaluate:` (shardinfer.metrics), a param of gather alone: a change reruns gather, no shard.
+    evaluate: dict
 
     @classmethod
     def of(cls, settings: Settings) -> InputJobs:
         job_settings = settings.to_dict()
         job_settings["input"]["parts"] = []
+        evaluate = job_settings.pop("evaluate")
         return cls(
             settings=settings,
             files=list(settings.input.files),
@@ -46,6 +49,7 @@ class InputJobs:
             identity=gather_trigger(settings.input.files),
             digest=output_digest(settings),
             job_settings=job_settings,
+            evaluate=evaluate,
         )
 
 

@@ -88,4 +88,6 @@ def tokenizer_digest(settings: Settings) -> str:
                 "versions": [version("transformers"), version("tokenizers")], "max_length": settings.model.max_length,
                 "trust_remote_code": settings.model.trust_remote_code, "text_column": settings.input.text_column,
                 "null_text": settings.input.null_text}
+    if settings.input.text_columns[1:]:  # a pair (task score): its second text decides the ids too
+        relevant["text_columns"] = settings.input.text_columns
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]

@@ -14,7 +14,8 @@ Names starting with `.` or `_` are skipped at every level, as Arrow's dataset di
 Spark's `_SUCCESS`, `_committed_*` and `_temporary/`, Hadoop's `.part-0.crc`. The parts are
 sorted by path (code point order, as `sorted` and `LC_ALL=C ls` give it) and rows are numbered
 across them in that order, so zero-padded part numbers (`part-00007`) keep the writer's order.
-All parts must share one format.
+All parts must share one format. A folder laid out in a format's own way (a Hugging Face
+`save_to_disk` folder) gives the parts that format lists, in its order (`Format.folder_parts`).
 """
 
 from __future__ import annotations
@@ -24,17 +25,13 @@ import os
 from pathlib import Path
 
 from shardinfer.errors import UserError
+from shardinfer.input.formats import extensions, folder_format, format_named, format_of
 
-INPUT_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 GLOB_CHARACTERS = "*?["
 
 
-def format_of(path: str) -> str | None:
-    """The format a file name says (looking through a trailing .gz), or None."""
-    suffixes = [s.lower() for s in Path(path).suffixes]
-    if suffixes and suffixes[-1] == ".gz":
-        suffixes = suffixes[:-1]
-    return INPUT_FORMATS.get(suffixes[-1]) if suffixes else None
+def allowed_extensions() -> str:
+    return ", ".join(sorted(extensions()))
 
 
 def missing_input(path: str) -> UserError:
@@ -42,14 +39,14 @@ def missing_input(path: str) -> UserError:
 
 
 def detect_format(path: str) -> str:
-    """Infer the input format from the extension, looking through a trailing .gz."""
+    """The input format a file's name says (looking through .gz and the like for text formats)."""
     fmt = format_of(path)
     if fmt is None and not os.path.exists(path):
         raise missing_input(path)  # a mistyped folder (`data/tarin/`), not a file of unknown type
     if fmt is None:
-        allowed = ", ".join(sorted(INPUT_FORMATS))
-        raise UserError(f"input `{path}`: unknown file type; allowed extensions: {allowed} (or set input.format)")
-    return fmt
+        raise UserError(f"input `{path}`: unknown file type; allowed extensions: {allowed_extensions()} "
+                        "(csv, tsv and jsonl also .gz; or set input.format)")
+    return fmt.name
 
 
 def _skipped(name: str) -> bool:
@@ -83,30 +80,36 @@ def _matches(pattern: str) -> list[str]:
     return found
 
 
+def _folder_parts(path: str) -> tuple[str, ...]:
+    parts = _tables_under(path)
+    if not parts:
+        raise UserError(f"input.path `{path}` is a directory with no table files ({allowed_extensions()}, csv, "
+                        f"tsv and jsonl also .gz); for parts without such an extension give a glob such as "
+                        f"`{os.path.join(path, 'part-*')}` and set input.format")
+    return tuple(sorted(set(parts)))
+
+
 def input_parts(path: str) -> tuple[str, ...]:
     """The input's files in row order; a folder or glob that yields none is refused."""
     if os.path.isdir(path):
-        parts = _tables_under(path)
-        if not parts:
-            allowed = ", ".join(sorted(INPUT_FORMATS))
-            raise UserError(f"input.path `{path}` is a directory with no table files ({allowed}, csv and jsonl "
-                            f"also .gz); for parts without such an extension give a glob such as "
-                            f"`{os.path.join(path, 'part-*')}` and set input.format")
-    elif any(c in path for c in GLOB_CHARACTERS) and not os.path.exists(path):
+        laid_out = folder_format(path, None)
+        return laid_out[1] if laid_out else _folder_parts(path)
+    if any(c in path for c in GLOB_CHARACTERS) and not os.path.exists(path):
         parts = _matches(path)
         if not parts:
             raise UserError(f"input.path `{path}` matches no files (names starting with `.` or `_` are skipped)")
-    else:
-        return (path,)
-    return tuple(sorted(set(parts)))
+        return tuple(sorted(set(parts)))
+    return (path,)
 
 
 def one_format(path: str, parts: tuple[str, ...], fmt: str) -> str:
     """The parts' one format: `fmt` when given, else their extensions'. Parts whose extensions
     name two formats are refused, whatever `fmt` says."""
+    if fmt != "auto":
+        format_named(fmt)  # refused unless it is one
     if len(parts) == 1:
         return detect_format(parts[0]) if fmt == "auto" else fmt
-    named = {part: found for part in parts if (found := format_of(part))}
+    named = {part: found.name for part in parts if (found := format_of(part))}
     if fmt == "auto" and len(named) < len(parts):
         detect_format(next(part for part in parts if part not in named))  # refused, naming it
     first = next(iter(named.items()), None)
@@ -117,7 +120,15 @@ def one_format(path: str, parts: tuple[str, ...], fmt: str) -> str:
     return first[1] if fmt == "auto" else fmt
 
 
-def resolve_input(path: str, fmt: str = "auto") -> tuple[str, tuple[str, ...]]:
-    """The input's format and its files in row order (see the module's docstring)."""
+def resolve_input(path: str, fmt: str = "auto", split: str | None = None) -> tuple[str, tuple[str, ...]]:
+    """The input's format and its files in row order (see the module's docstring). A folder laid
+    out in a format's own way (a Hugging Face dataset, `split` naming one of a DatasetDict's) is
+    that format's, whatever its files' names say."""
+    laid_out = folder_format(path, split) if os.path.isdir(path) else None
+    if laid_out:
+        return laid_out[0].name, laid_out[1]
+    if split is not None:
+        raise UserError(f"input.split `{split}` is for a Hugging Face DatasetDict folder; input.path `{path}` is "
+                        "not one, so leave input.split out")
     parts = input_parts(path)
     return one_format(path, parts, fmt), parts

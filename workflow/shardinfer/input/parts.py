@@ -3,16 +3,15 @@ one part) with its place in the row numbering and its identity, and a shard's ra
 
 Rows are numbered across the parts in their order (`shardinfer.input.discovery`): part k's rows begin where
 part k-1's end. A shard's range becomes pieces, one per part it overlaps, each a range of that
-part's own rows that `shardinfer.input.scan` reads exactly as it reads a single-file input (from its
-span for CSV/JSONL, its row groups for Parquet). Shards may so span parts, and each part is read
-by the shards that hold its rows, not by all of them.
+part's own rows that its format reads exactly as it reads a single-file input (from its span
+for a text format, its row groups for Parquet, its batches for Arrow). Shards may so span parts,
+and each part is read by the shards that hold its rows, not by all of them.
 
-Every read column gets one type over all parts, so that all shards write one schema: Parquet
-parts are typed together from their footers before anything is read, by exact widening only
-(string and large_string give large_string, int32 and int64 or uint32 give int64: writers
-differ), and read
-in those types; CSV is all text; JSONL parts are typed together, so a field that only some parts
-carry is null in the others, as for rows of one file.
+Every read column gets one type over all parts, so that all shards write one schema
+(`Format.fields`): Parquet and Arrow parts are typed together from their schemas before anything
+is read, by exact widening only (string and large_string give large_string, int32 and int64 or
+uint32 give int64: writers differ); CSV is all text; JSONL parts are typed together, so a field
+that only some parts carry is null in the others, as for rows of one file.
 """
 
 from __future__ import annotations
@@ -26,15 +25,15 @@ from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
 from shardinfer.input.identity import digest_alongside, fingerprint
-from shardinfer.input.discovery import input_parts
+from shardinfer.input.discovery import resolve_input
+from shardinfer.input.formats import format_named
+from shardinfer.input.formats.base import Span
+from shardinfer.input.scan import NULLS_LISTED, InputScan, scan_input
 from shardinfer.input.staging import Staged
-from shardinfer.input.scan import (NULLS_LISTED, FieldConflict, InputScan, Span, iter_range, jsonl_fields, merge_fields,
-                               reading, scan_input)
 
 
 @dataclass(frozen=True)
@@ -74,7 +73,7 @@ class Part:
 @dataclass(frozen=True)
 class Piece:
     """A shard's rows in one part: rows [start, end) in the part's own numbering, and where they lie
-    in it (CSV/JSONL; None for Parquet, whose row groups are its index)."""
+    in it (a text format's span; None for a format that reads any row range directly)."""
     part: Part
     start: int
     end: int
@@ -82,34 +81,47 @@ class Piece:
 
 
 def one_file(inp: InputSettings, path: str) -> InputSettings:
-    """The settings of one part, for the single-file readers of `shardinfer.input.scan`."""
+    """The settings of one part, for the format's single-file readers."""
     return dataclasses.replace(inp, path=path, parts=(path,))
 
 
 def iter_pieces(inp: InputSettings, pieces: tuple[Piece, ...], fields: pa.Schema | None = None
                 ) -> Iterator[tuple[int, pa.RecordBatch]]:
     """A shard's rows as (the input's row number of the batch's first row, batch), piece by piece,
-    each from its part's staged copy where the plan made one. Parquet parts whose types differ are
-    cast to `fields`, the plan's types over all parts (`parquet_fields`)."""
-    cast = pa.schema([fields.field(c) for c in inp.read_columns]) if fields and inp.format == "parquet" else None
+    each from its part's staged copy where the plan made one, in the plan's types over all parts
+    (`fields`: `Format.fields`)."""
+    fmt = format_named(inp.format)
     for piece in pieces:
         if piece.part.staged:
             piece.part.staged.check_holds(inp.read_columns, piece.part.path)
-        for first, batch in iter_range(one_file(inp, piece.part.read_path), piece.start, piece.end, piece.span):
-            yield piece.part.first_row + first, batch if cast is None else _cast(batch, cast)
+        part = one_file(inp, piece.part.read_path)
+        for first, batch in fmt.read_range(part, piece.start, piece.end, piece.span, fields):
+            yield piece.part.first_row + first, batch
 
 
-def _cast(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    """A Parquet part's batch in the types of all parts: a widening, which holds every value exactly
-    (`common_type`). By position: a kept text column is read twice under one name."""
-    return pa.RecordBatch.from_arrays([column.cast(field.type) for column, field in zip(batch.columns, schema)],
-                                      schema=schema)
+def windows(batches: Iterator[tuple[int, pa.RecordBatch]], size: int, first_size: int | None = None
+            ) -> Iterator[tuple[int, pa.Table]]:
+    """Regroup (first row, batch) pairs into tables of `size` rows (the last may be shorter).
+
+    The first table may be smaller (`first_size`), so that the stages after it start sooner.
+    """
+    pending, first, want = [], None, first_size or size
+    for start, batch in batches:
+        first = start if first is None else first
+        pending.append(batch)
+        table = pa.Table.from_batches(pending)
+        while table.num_rows >= want:
+            yield first, table.slice(0, want)
+            first, table, want = first + want, table.slice(want), size
+        pending = table.to_batches()
+    if pending and sum(b.num_rows for b in pending) > 0:
+        yield first, pa.Table.from_batches(pending)
 
 
-def check_same_parts(path: str, parts: tuple[Part, ...]) -> None:
+def check_same_parts(path: str, parts: tuple[Part, ...], split: str | None = None) -> None:
     """Refuse an input whose files are not the planned ones: `path` resolved again (a directory
-    listed, a glob matched) must give the planned parts, no more and no fewer."""
-    now, planned = input_parts(path), [part.path for part in parts]
+    listed, a glob matched, a dataset's state read) must give the planned parts, no more and no fewer."""
+    now, planned = resolve_input(path, split=split)[1], [part.path for part in parts]
     known, present = set(planned), set(now)
     added = [name for name in now if name not in known]
     if added:
@@ -125,7 +137,7 @@ class PartsScan:
     """The plan's scan of every part: each part as planned, its scan, and the JSONL fields."""
     parts: tuple[Part, ...]
     scans: tuple[InputScan, ...]
-    fields: pa.Schema | None  # JSONL: every field of every part, one type each; Parquet: see parquet_fields
+    fields: pa.Schema | None  # the types every part is read in (`Format.fields`), or None
 
     @property
     def rows(self) -> int:
@@ -161,16 +173,15 @@ class PartsScan:
 
 def scan_parts(inp: InputSettings) -> PartsScan:
     """Scan every part in order, each with its content digest alongside, once the parts' read
-    columns are typed together."""
-    unified = parquet_fields(inp)
-    fields = fields_of_parts(inp.files) if inp.format == "jsonl" else None
+    columns are typed together (`Format.fields`)."""
+    fields = format_named(inp.format).fields(inp)
     parts, scans, first_row = [], [], 0
     for path in inp.files:
         part, scan = _scan_part(one_file(inp, path), first_row, fields)
         parts.append(part)
         scans.append(scan)
         first_row += part.rows
-    return PartsScan(tuple(parts), tuple(scans), fields or unified)
+    return PartsScan(tuple(parts), tuple(scans), fields)
 
 
 def _scan_part(inp: InputSettings, first_row: int, fields: pa.Schema | None) -> tuple[Part, InputScan]:
@@ -182,81 +193,3 @@ def _scan_part(inp: InputSettings, first_row: int, fields: pa.Schema | None) -> 
     if fingerprint(inp.path) != stamp:
         raise UserError(f"input `{inp.path}` changed while it was being planned; rerun the plan once it is complete")
     return Part(inp.path, first_row, scan.rows, stamp["size"], stamp["mtime_ns"], content), scan
-
-
-def fields_of_parts(paths: tuple[str, ...]) -> pa.Schema:
-    """Every JSONL field of every part, one type each, as the rows of one file are typed."""
-    fields = pa.schema([])
-    for path in paths:
-        try:
-            fields = merge_fields(fields, jsonl_fields(path))
-        except FieldConflict as conflict:
-            raise UserError(f"input `{path}`: column `{conflict.column}` holds {conflict.after} here and "
-                            f"{conflict.before} in the parts before it; give it one type") from None
-    return fields
-
-
-def parquet_fields(inp: InputSettings) -> pa.Schema | None:
-    """The read columns' types over all Parquet parts, from their footers before anything is read:
-    None when every part gives each column one type; else each column's type that holds every
-    part's values exactly (`common_type`); a column no such type holds is refused. A column missing
-    from a part is named by its scan."""
-    if inp.format != "parquet":
-        return None
-    found: dict[str, list[tuple[str, pa.DataType]]] = {}
-    for path in inp.files:
-        for column, kind in _column_types(path, inp.read_columns).items():
-            found.setdefault(column, []).append((path, kind))
-    fields = [pa.field(column, _one_type(column, types)) for column, types in found.items()]
-    differ = any(kind != field.type for field in fields for _, kind in found[field.name])
-    return pa.schema(fields) if differ else None
-
-
-def _one_type(column: str, types: list[tuple[str, pa.DataType]]) -> pa.DataType:
-    """The one type of a column that the parts give these (part, type) pairs, in part order."""
-    merged = types[0][1]
-    for k, (path, kind) in enumerate(types[1:], start=1):
-        widened = common_type(merged, kind)
-        if widened is None:
-            first, before = next(((p, t) for p, t in types[:k] if common_type(t, kind) is None), types[0])
-            raise UserError(f"input `{path}`: column `{column}` holds {kind}, but `{first}` holds {before}, and no "
-                            "type holds both exactly (allowed across parts: string and large_string, integers or "
-                            "floats of other widths, uint into a wider int, a dictionary and its values, null)")
-        merged = widened
-    return merged
-
-
-def common_type(one: pa.DataType, other: pa.DataType) -> pa.DataType | None:
-    """The type that holds the values of both exactly, by widening only (writers differ: Spark writes
-    string and int32 where pandas writes large_string and int64; a categorical is a dictionary);
-    None when there is none (numbers and text, uint64 and int64, int and float, other units)."""
-    one, other = (t.value_type if pa.types.is_dictionary(t) else t for t in (one, other))
-    if one == other or pa.types.is_null(other):
-        return one
-    if pa.types.is_null(one):
-        return other
-    for family in ((pa.string(), pa.large_string()), (pa.binary(), pa.large_binary())):
-        if one in family and other in family:
-            return family[1]
-    for same_kind in (pa.types.is_signed_integer, pa.types.is_unsigned_integer, pa.types.is_floating):
-        if same_kind(one) and same_kind(other):
-            return max(one, other, key=lambda t: t.bit_width)
-    signed, unsigned = sorted((one, other), key=pa.types.is_unsigned_integer)
-    if pa.types.is_signed_integer(signed) and pa.types.is_unsigned_integer(unsigned):
-        return signed if signed.bit_width > unsigned.bit_width else None  # int64 holds every uint32
-    if _is_list(one) and _is_list(other):
-        values = common_type(one.value_type, other.value_type)
-        large = pa.types.is_large_list(one) or pa.types.is_large_list(other)
-        return values and (pa.large_list(values) if large else pa.list_(values))
-    return None
-
-
-def _is_list(kind: pa.DataType) -> bool:
-    return pa.types.is_list(kind) or pa.types.is_large_list(kind)
-
-
-def _column_types(path: str, columns: list[str]) -> dict[str, pa.DataType]:
-    """The types of those columns a Parquet file holds once, from its footer."""
-    with reading(path, "parquet"):
-        schema = pq.read_schema(path)
-    return {column: schema.field(i).type for column in columns if (i := schema.get_field_index(column)) >= 0}

@@ -9,10 +9,12 @@ Two kinds of part cannot be read in part, so that 64 shards over one of them rea
   so each shard would read the group from its start up to its last row.
 
 The plan rule copies such a part into its `staged` folder (`results/staged/`, a declared output of
-the rule, so a replan replaces it): a compressed file decompressed byte for byte (the plan's spans
-are offsets in the decompressed bytes already), a Parquet file rewritten with only the columns the
-shards read and a row group boundary at every shard boundary. The shards read the copy; all of
-them together then read it about once.
+the rule, so a replan replaces it), as its format writes it (`Format.rows_read` says how many rows
+its shards would read in place, `Format.stage` writes the copy): a compressed file decompressed
+byte for byte (the plan's spans are offsets in the decompressed bytes already), a Parquet file
+rewritten with only the columns the shards read and a row group boundary at every shard boundary.
+A format that reads any row range in place (Arrow) is never staged. The shards read the copy; all
+of them together then read it about once.
 
 `input.stage` says when: `auto` (the default) stages a part when its shards would read more than
 STAGE_RATIO times its rows and at least STAGE_MIN_BYTES more than the file; `always` whenever they
@@ -26,8 +28,6 @@ are not those recorded.
 
 from __future__ import annotations
 
-import bisect
-import hashlib
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,17 +35,15 @@ from pathlib import Path
 from typing import Iterator
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from shardinfer.atomic import atomic_parquet_writer, atomic_path
 from shardinfer.config import InputSettings
 from shardinfer.errors import ProofError, UserError
-from shardinfer.input.identity import CHUNK_BYTES, DIGEST_ALGORITHM, digest_alongside, file_digest, fingerprint
-from shardinfer.input.scan import compressed, parquet_batches, reading, row_group_bounds
+from shardinfer.input.formats import format_named
+from shardinfer.input.formats.base import Held
+from shardinfer.input.identity import digest_alongside, file_digest, fingerprint
 
 STAGE_RATIO = 1.2  # auto: stage when the shards would read more than this many times the part's rows
 STAGE_MIN_BYTES = 64 << 20  # ... and at least this much more than the part's file
-GROUP_BYTES = 64 << 20  # a staged row group's Arrow size at most (memory while writing), inside one shard
 
 
 @dataclass(frozen=True)
@@ -87,18 +85,6 @@ class Staged:
                             f"({self.digest} -> {found}); rerun the plan (snakemake --forcerun plan)")
 
 
-def rows_read(held: list[tuple[int, int]], group_bounds: list[int] | None, seekable: bool) -> int:
-    """Rows the shards would read of a part in place, `held` being their ranges in it: a compressed
-    file from its start to each range's end; a Parquet file from the start of the row group that
-    holds a range's first row (`group_bounds`: where groups begin, ascending from 0,
-    `tables.row_group_bounds`); a seekable CSV/JSONL file its ranges."""
-    if not seekable:
-        return sum(hi for _, hi in held)
-    if group_bounds is None:
-        return sum(hi - lo for lo, hi in held)
-    return sum(hi - group_bounds[bisect.bisect_right(group_bounds, lo) - 1] for lo, hi in held)
-
-
 def should_stage(mode: str, rows: int, size: int, read: int) -> bool:
     """Whether to stage a part of `rows` rows and `size` bytes that its shards would read `read` rows of."""
     if mode == "never" or read <= rows:
@@ -107,29 +93,22 @@ def should_stage(mode: str, rows: int, size: int, read: int) -> bool:
     return mode == "always" or (read > STAGE_RATIO * rows and extra_bytes >= STAGE_MIN_BYTES)
 
 
-def wants_staging(inp: InputSettings, path: str, rows: int, size: int, held: list[tuple[int, int]]) -> bool:
-    """Whether a part (`rows` rows, `size` bytes) should be staged for shards reading `held` of it."""
-    if inp.stage == "never" or not held:
+def wants_staging(inp: InputSettings, path: str, rows: int, size: int, held: Held) -> bool:
+    """Whether a part (`rows` rows, `size` bytes) should be staged for shards reading `held` of it:
+    never for a format that reads any row range in place (no `staged_suffix`)."""
+    fmt = format_named(inp.format)
+    if inp.stage == "never" or not held or fmt.staged_suffix is None:
         return False
-    bounds, seekable = None, not compressed(path)
-    if inp.format == "parquet":
-        with reading(path, inp.format):
-            bounds, seekable = row_group_bounds(path), True
-    return should_stage(inp.stage, rows, size, rows_read(held, bounds, seekable))
+    return should_stage(inp.stage, rows, size, fmt.rows_read(path, held))
 
 
-def stage_part(inp: InputSettings, path: str, digest: str, held: list[tuple[int, int]], target: Path) -> Staged:
-    """Copy a part for its shards (`held`: their ranges in it) to `target`, proving that the bytes
-    copied are the planned ones: its digest, computed alongside, is `digest`, and the file was not
-    replaced meanwhile (the same inode, size and mtime before and after)."""
+def stage_part(inp: InputSettings, path: str, digest: str, held: Held, target: Path) -> Staged:
+    """Copy a part for its shards (`held`: their ranges in it) to `target` (`Format.stage`), proving
+    that the bytes copied are the planned ones: its digest, computed alongside, is `digest`, and the
+    file was not replaced meanwhile (the same inode, size and mtime before and after)."""
     before = _stamp(path)
-    columns = None
     with digest_alongside(path) as content, _writing(target):
-        if inp.format == "parquet":
-            columns = _parquet_copy(inp, path, [hi for _, hi in held], target)
-            copy_digest = file_digest(str(target))
-        else:
-            copy_digest = _decompressed_copy(inp, path, target)
+        copy_digest, columns = format_named(inp.format).stage(inp, path, held, target)
     if content.result() != digest or _stamp(path) != before:
         target.unlink(missing_ok=True)
         raise UserError(f"input `{path}` changed while it was being staged; rerun the plan once it is complete")
@@ -144,7 +123,8 @@ def _stamp(path: str) -> tuple[int, int, int]:
 
 @contextmanager
 def _writing(target: Path) -> Iterator[None]:
-    """A fault writing the copy (a full disk) named as such, not as the input's."""
+    """A fault writing the copy (a full disk) named as such, not as the input's: the format's
+    reads name theirs as the input's (UserError) first."""
     try:
         yield
     except (OSError, pa.ArrowException) as error:
@@ -152,60 +132,6 @@ def _writing(target: Path) -> Iterator[None]:
         raise UserError(f"cannot write the staged copy `{target}`: {first_line}") from error
 
 
-def _read(path: str, fmt: str, items: Iterator) -> Iterator:
-    """`items`, a reader of the input, with its faults named as the input's (`tables.reading`); the
-    consumer's own faults pass through unchanged."""
-    with reading(path, fmt):
-        yield from items
-
-
 def staged_name(position: int, fmt: str) -> str:
     """The copy of the input's part number `position` (from 0): `00003.parquet`, `00003.csv`, ..."""
-    return f"{position:05d}.{fmt}"
-
-
-def _decompressed_copy(inp: InputSettings, path: str, target: Path) -> str:
-    """The part's bytes decompressed into `target`; returns their digest."""
-    hasher = hashlib.new(DIGEST_ALGORITHM)
-    with atomic_path(target) as tmp, open(tmp, "wb") as sink:
-        for chunk in _read(path, inp.format, _chunks(path)):
-            hasher.update(chunk)
-            sink.write(chunk)
-    return f"{DIGEST_ALGORITHM}:{hasher.hexdigest()}"
-
-
-def _chunks(path: str) -> Iterator[bytes]:
-    with pa.input_stream(path) as source:
-        while chunk := source.read(CHUNK_BYTES):
-            yield chunk
-
-
-def _parquet_copy(inp: InputSettings, path: str, ends: list[int], target: Path) -> tuple[str, ...]:
-    """The part's read columns rewritten into `target`, a row group ending at each of `ends` (the
-    shards' last rows in it, ascending) and after GROUP_BYTES (`_row_groups`); returns the columns."""
-    columns = list(dict.fromkeys(inp.read_columns))  # a kept text column is read twice, stored once
-    with reading(path, inp.format):
-        schema = pq.ParquetFile(path).schema_arrow
-    with atomic_parquet_writer(target, pa.schema([schema.field(c) for c in columns])) as writer:
-        for group in _row_groups(_read(path, inp.format, parquet_batches(path, columns)), ends):
-            writer.write_table(group, row_group_size=group.num_rows)
-    return tuple(columns)
-
-
-def _row_groups(batches: Iterator[pa.RecordBatch], ends: list[int]) -> Iterator[pa.Table]:
-    """The batches regrouped into tables that never cross one of `ends`, each ending too once it
-    holds GROUP_BYTES (checked batch by batch: a table may pass it by one batch)."""
-    pending, pending_bytes, row, cut = [], 0, 0, 0
-    for batch in batches:
-        while batch.num_rows:
-            while cut < len(ends) and ends[cut] <= row:
-                cut += 1
-            take = min(batch.num_rows, ends[cut] - row) if cut < len(ends) else batch.num_rows
-            pending.append(batch.slice(0, take))
-            pending_bytes += pending[-1].nbytes
-            batch, row = batch.slice(take), row + take
-            if (cut < len(ends) and row == ends[cut]) or pending_bytes >= GROUP_BYTES:
-                yield pa.Table.from_batches(pending)
-                pending, pending_bytes = [], 0
-    if pending:
-        yield pa.Table.from_batches(pending)
+    return f"{position:05d}{format_named(fmt).staged_suffix}"

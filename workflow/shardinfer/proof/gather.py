@@ -23,7 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardinfer.atomic import atomic_parquet_writer, write_json_atomic
-from shardinfer.config import InputSettings
+from shardinfer.config import EvaluateSettings, InputSettings
+from shardinfer.metrics import check_gold, score_predictions
 from shardinfer.proof.content_digest import CONTENT_KEY, ContentHasher
 from shardinfer.errors import ProofError
 from shardinfer.shard.row_files import prove_files, refuse_unlisted, staging_folder
@@ -32,6 +33,7 @@ from shardinfer.input.parts import Part, one_file
 from shardinfer.plan import Plan, read_plan
 from shardinfer.proof.shard_file import FILE_TYPE, IDENTITY_KEY, INDEX_COLUMN, STATS_KEY
 from shardinfer.input.scan import count_rows
+from shardinfer.terminal import headline
 
 log = logging.getLogger(__name__)
 
@@ -322,14 +324,22 @@ def summarize(plan: Plan, shards: list[ShardFile], inp: InputSettings, model: di
 
 
 def run_gather(plan_path: str, shard_paths: list[str], inp: InputSettings, model: dict, digest: str,
-               predictions: str, summary: str, files_folders: list[str] | None = None) -> dict:
-    """The gather rule: prove, then write predictions and summary (both atomically). `files_folders`:
-    each shard's files folder (results/files/<shard>) when the task may write files."""
+               predictions: str, summary: str, files_folders: list[str] | None = None,
+               evaluate: EvaluateSettings | None = None) -> dict:
+    """The gather rule: prove, then write predictions and summary (both atomically), the summary with
+    the table's scores against `evaluate.label_column` when set. `files_folders`: each shard's files
+    folder (results/files/<shard>) when the task may write files."""
     plan = read_plan(plan_path)
     shards = prove(plan, shard_paths, inp, digest, files_folders)
     log.info("proof holds: %d shards, %d rows, index 0..%d in order, input unchanged", plan.shards, plan.rows, plan.rows - 1)
+    gold = evaluate.label_column if evaluate else None
+    if gold:  # a gold column it cannot score is refused before anything is written
+        check_gold(next((s.schema for s in shards if s.rows), None), model["task"], gold)
     write_predictions(shards, plan, digest, predictions)
     report = summarize(plan, shards, inp, model)
+    if gold:
+        report["metrics"] = score_predictions(predictions, model, gold)
+        log.info("scored against `%s`: %s", gold, headline(report["metrics"]))
     write_json_atomic(summary, report)
     log.info("wrote %s and %s; every shard's values match the digest its job recorded", predictions, summary)
     return report

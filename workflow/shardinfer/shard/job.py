@@ -37,7 +37,7 @@ from shardinfer.shard.pipeline import Pipeline
 from shardinfer.plan import Plan, read_plan
 from shardinfer.shard.progress import Progress
 from shardinfer.proof.shard_file import STATS_KEY, file_columns, shard_schema
-from shardinfer.input.scan import windows
+from shardinfer.input.parts import windows
 from shardinfer.tasks import engine_class, task_class
 from shardinfer.tasks.base import LoadContext, Task, Window
 from shardinfer.shard.tokens import check_token_file, token_identity

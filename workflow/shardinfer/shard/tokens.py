@@ -1,7 +1,9 @@
 """Token ids: made inside the shard job (in a background thread), or ahead by the tokenize rule.
 
-The tokenize rule writes one file per shard under results/tokens/<tokenizer digest>/ holding
-each row's ids, unpadded, and whether the text was cut at max_length. Its metadata names the
+A row is one text, or a pair of texts (task score) tokenized as one sequence. The tokenize rule
+writes one file per shard under results/tokens/<tokenizer digest>/ holding each row's ids,
+unpadded, whether the text was cut at max_length, and the token data the task declares beside
+the ids (`TextTask.token_data`: token_type_ids for pairs). Its metadata names the
 plan, range and tokenizer it was made under; a shard job reading it checks all three, so token
 ids from another plan or another tokenizer are refused rather than silently used. Its pages carry
 checksums (`atomic_parquet_writer`), verified when it is read: ids damaged on disk are an error.
@@ -14,7 +16,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -25,47 +27,60 @@ from shardinfer.config import Settings
 from shardinfer.errors import UserError
 from shardinfer.plan import Plan, read_plan
 from shardinfer.proof.shard_file import INDEX_COLUMN
-from shardinfer.input.scan import text_values, windows
+from shardinfer.input.parts import windows
+from shardinfer.input.scan import text_values
 
 log = logging.getLogger(__name__)
 TOKENS_KEY = b"shardinfer.tokens"  # token file metadata: plan, range and tokenizer
 
 
 class Encoder:
-    """Tokenizes without padding; finds the texts cut at max_length."""
+    """Tokenizes texts, or text pairs, without padding; finds the rows cut at max_length. `data`:
+    what the task takes from the tokenizer beside the ids (token_type_ids), per row."""
 
-    def __init__(self, tokenizer, max_length: int) -> None:
-        special = tokenizer.num_special_tokens_to_add()  # config checks this at load where tokenizer.json is
+    def __init__(self, tokenizer, max_length: int, pair: bool = False, data: tuple[str, ...] = ()) -> None:
+        # the config checks this at load where tokenizer.json is; a pair's special tokens are more
+        special = tokenizer.num_special_tokens_to_add(pair=True) if pair else tokenizer.num_special_tokens_to_add()
         if max_length <= special:
             raise UserError(f"model.max_length {max_length} leaves no room for text: the tokenizer adds {special} "
-                            f"special token(s) to every text; use at least {special + 1}")
+                            f"special token(s) to every text{' pair' if pair else ''}; use at least {special + 1}")
         self.tokenizer = tokenizer
         self.max_length = max_length
+        self.pair = pair
+        self.data = data
 
-    def encode(self, texts: list[str]) -> tuple[list[list[int]], list[int]]:
-        """Each text's ids (special tokens included) and the positions of texts that were cut."""
-        ids = self.tokenizer(texts, truncation=True, max_length=self.max_length, add_special_tokens=True)["input_ids"]
+    def encode(self, texts: list[str], pairs: list[str] | None = None) -> tuple[list[list[int]], list[int], dict]:
+        """Each row's ids (special tokens included), the positions of rows that were cut (a pair:
+        longest first, so the longer text loses tokens first) and the token data per row."""
+        columns = [texts] if pairs is None else [texts, pairs]
+        types = {"return_token_type_ids": True} if "token_type_ids" in self.data else {}
+        encoded = self.tokenizer(*columns, truncation="longest_first", max_length=self.max_length,
+                                 add_special_tokens=True, **types)
+        ids = encoded["input_ids"]
         at_limit = [i for i, row in enumerate(ids) if len(row) >= self.max_length]
         truncated = []
         if at_limit:
             # Counting the full length only: verbose=False keeps transformers' "Token indices sequence
             # length is longer than ... indexing errors" warning, false here, out of the shard log.
-            full = self.tokenizer([texts[i] for i in at_limit], add_special_tokens=True, verbose=False)["input_ids"]
+            full = self.tokenizer(*([column[i] for i in at_limit] for column in columns), add_special_tokens=True,
+                                  verbose=False)["input_ids"]
             truncated = [i for i, row in zip(at_limit, full) if len(row) > self.max_length]
-        return ids, truncated
+        return ids, truncated, {name: encoded[name] for name in self.data}
 
 
 @dataclass(frozen=True)
 class TokenWindow:
     first: int
     ids: list  # one sequence of ids per row
-    truncated: list[int]  # window positions of texts cut at max_length
+    truncated: list[int]  # window positions of rows cut at max_length
+    token_data: dict = field(default_factory=dict)  # name -> one sequence per row (token_type_ids), as the ids
 
 
 def tokenize_window(encoder: Encoder, first: int, table: pa.Table, null_as_empty: bool) -> TokenWindow:
-    """A window's texts (its first column) as token ids: the one path both tokenize-in-job and the
-    tokenize rule take, so their ids are the same."""
-    return TokenWindow(first, *encoder.encode(text_values(table.column(0).combine_chunks(), null_as_empty)))
+    """A window's texts (its first column; a pair: its first two) as token ids: the one path both
+    tokenize-in-job and the tokenize rule take, so their ids are the same."""
+    columns = [text_values(table.column(i).combine_chunks(), null_as_empty) for i in range(2 if encoder.pair else 1)]
+    return TokenWindow(first, *encoder.encode(*columns))
 
 
 def token_identity(plan: Plan, shard: int, tokenizer_key: str) -> dict:
@@ -73,9 +88,10 @@ def token_identity(plan: Plan, shard: int, tokenizer_key: str) -> dict:
     return {"plan_id": plan.plan_id, "shard": shard, "start": start, "end": end, "tokenizer": tokenizer_key}
 
 
-def tokens_schema(identity: dict) -> pa.Schema:
+def tokens_schema(identity: dict, data: tuple[str, ...] = ()) -> pa.Schema:
+    """index, input_ids and truncated, then a column per name of the task's token data."""
     fields = [pa.field(INDEX_COLUMN, pa.int64()), pa.field("input_ids", pa.list_(pa.int32())),
-              pa.field("truncated", pa.bool_())]
+              pa.field("truncated", pa.bool_()), *(pa.field(name, pa.list_(pa.int32())) for name in data)]
     return pa.schema(fields, metadata={TOKENS_KEY: json.dumps(identity).encode()})
 
 
@@ -84,7 +100,9 @@ def tokens_table(window: TokenWindow, schema: pa.Schema) -> pa.Table:
     index = pa.array(np.arange(window.first, window.first + rows, dtype=np.int64))
     cut = np.zeros(rows, dtype=bool)
     cut[window.truncated] = True
-    return pa.Table.from_arrays([index, pa.array(window.ids, type=pa.list_(pa.int32())), pa.array(cut)], schema=schema)
+    data = [pa.array(window.token_data[name], type=pa.list_(pa.int32())) for name in schema.names[3:]]
+    return pa.Table.from_arrays([index, pa.array(window.ids, type=pa.list_(pa.int32())), pa.array(cut), *data],
+                                schema=schema)
 
 
 @dataclass(frozen=True)
@@ -100,13 +118,14 @@ class TokenizeJob:
 def run_tokenize(job: TokenizeJob) -> int:
     """The tokenize rule: the shard's rows into token ids, streamed window by window, atomically."""
     from shardinfer.shard.models import load_tokenizer
+    from shardinfer.tasks import task_class
 
     plan = read_plan(job.plan_path)
     plan.check_input_unchanged()
     settings = job.settings
     os.environ.setdefault("RAYON_NUM_THREADS", str(job.threads))  # the fast tokenizer's thread pool
-    encoder = Encoder(load_tokenizer(settings.model), settings.model.max_length)
-    schema = tokens_schema(token_identity(plan, job.shard, job.tokenizer_key))
+    encoder = task_class(settings.model.task).encoder_for(load_tokenizer(settings.model), settings)  # as the shard job's
+    schema = tokens_schema(token_identity(plan, job.shard, job.tokenizer_key), encoder.data)
     rows, tokens, truncated, started = 0, 0, 0, time.perf_counter()
     with atomic_parquet_writer(job.output, schema) as writer:
         text_only = dataclasses.replace(settings.input, keep_columns=())  # keep columns are the shard job's
@@ -138,12 +157,19 @@ def check_token_file(path: str, expected: dict) -> None:
 
 class TokenReader:
     """The tokenize rule's file read in step with the input: each call takes the next rows, so the
-    token windows line up with whatever windows the shard job reads."""
+    token windows line up with whatever windows the shard job reads. `data`: the token data the
+    task needs beside the ids; a file without it (made for another task) is refused."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, data: tuple[str, ...] = ()) -> None:
         self.path = path
-        self.batches = pq.ParquetFile(path, page_checksum_verification=True).iter_batches(batch_size=8192)
-        self.pending = tokens_schema({}).remove_metadata().empty_table()
+        handle = pq.ParquetFile(path, page_checksum_verification=True)
+        missing = [name for name in data if name not in handle.schema_arrow.names]
+        if missing:
+            raise UserError(f"token file `{path}` holds no {', '.join(missing)} (made for another task?); "
+                            "delete it and rerun")
+        self.data = data
+        self.batches = handle.iter_batches(batch_size=8192, columns=tokens_schema({}, data).names)
+        self.pending = tokens_schema({}, data).remove_metadata().empty_table()
 
     def take(self, first: int, rows: int) -> TokenWindow:
         """Rows [first, first + rows) of the file; refused when the file holds other rows there."""
@@ -153,7 +179,13 @@ class TokenReader:
         if table.num_rows != rows or table.column(INDEX_COLUMN)[0].as_py() != first:
             raise UserError(f"token file `{self.path}` does not line up with the input at row {first}; "
                             "delete it and rerun")
-        ids = table.column("input_ids").combine_chunks()
-        offsets, values = ids.offsets.to_numpy(), ids.values.to_numpy()
         truncated = np.flatnonzero(table.column("truncated").to_numpy(zero_copy_only=False)).tolist()
-        return TokenWindow(first, [values[a:b] for a, b in zip(offsets[:-1], offsets[1:])], truncated)
+        data = {name: list_rows(table.column(name)) for name in self.data}
+        return TokenWindow(first, list_rows(table.column("input_ids")), truncated, data)
+
+
+def list_rows(column: pa.ChunkedArray) -> list[np.ndarray]:
+    """A list<int32> column as one array per row (views into its values, no copy)."""
+    flat = column.combine_chunks()
+    offsets, values = flat.offsets.to_numpy(), flat.values.to_numpy()
+    return [values[a:b] for a, b in zip(offsets[:-1], offsets[1:])]

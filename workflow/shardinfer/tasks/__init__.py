@@ -13,6 +13,7 @@ TASKS: dict[str, str] = {
     "classify": "shardinfer.tasks.classify:Classify",
     "embed": "shardinfer.tasks.embed:Embed",
     "generate": "shardinfer.tasks.generate:Generate",
+    "score": "shardinfer.tasks.score:Score",
     "custom": "shardinfer.tasks.custom:Custom",
 }
 
@@ -44,11 +45,6 @@ def engine_class(settings) -> type:
 def output_columns(task: str) -> tuple[str, ...]:
     """The columns a built-in task adds to each row, in output order (custom: known once its code loads)."""
     return tuple(task_class(task).outputs)
-
-
-def is_text_task(task: str) -> bool:
-    """Whether the task reads `input.text_column` through a tokenizer (and can tokenize ahead)."""
-    return bool(getattr(task_class(task), "tokenizes", False))
 
 
 def may_write_files(task: str) -> bool:

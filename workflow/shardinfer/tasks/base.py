@@ -11,6 +11,9 @@ about the task:
     # (`task.batches(window, settings)` cuts the window; an engine that schedules rows itself
     # takes it whole)
 
+Before any job, when the Snakefile loads, two classmethods that import no torch: `Task.inputs`
+(the columns it reads, for the plan's scan) and `Task.check_settings` (its one-line refusals).
+
 `prepare` and `collate` run in background workers, `predict` on the device thread, `to_arrow` in
 the writer. Batching is the runner's: rows are sorted by cost and cut under `batch.max_tokens`
 (rows x the batch's highest cost) and `batch.max_rows`, and results are put back in row order.
@@ -36,6 +39,7 @@ import pyarrow as pa
 
 from shardinfer.shard.batching import length_sorted_batches, padded_tokens
 from shardinfer.config import BatchSettings, Settings
+from shardinfer.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,7 @@ class Window:
     data: Any  # the task's own: token ids, a pyarrow table, ...
     lengths: np.ndarray | None = None  # per row, what the stats count as real tokens (default: costs)
     truncated: list[int] = field(default_factory=list)  # window positions the task had to cut
+    token_data: dict = field(default_factory=dict)  # text tasks: per row, what the tokenizer gave beside the ids (token types)
 
     @property
     def rows(self) -> int:
@@ -83,6 +88,10 @@ class Task:
     name: ClassVar[str]  # its settings, if any, are the config section of that name
     outputs: dict[str, str]  # output column -> type string, in output order
     cost_unit: ClassVar[str] = "tokens"
+    tokenizes_ahead: ClassVar[bool] = False  # whether the tokenize rule can make its inputs (`tokenize.ahead`)
+    # How `evaluate:` scores its outputs against a gold column (shardinfer.metrics.SCORERS): "labels"
+    # (classes: label_id or label), "texts" (generated: exact match); None: no metric, evaluate refused.
+    scored_as: ClassVar[str | None] = None
     prepare_stage: str = "prepare"  # the pipeline stage's name in logs and the report
 
     @classmethod
@@ -94,6 +103,11 @@ class Task:
         """The columns the task reads, from the validated config's input (`inp`) and the task's own
         section: by default the text column, whose characters the plan balances."""
         return TaskInputs((inp["text_column"],), ("input.text_column",), (inp["text_column"],))
+
+    @classmethod
+    def check_settings(cls, settings: Settings) -> None:
+        """The task's own checks of the settings against the file system, when the Snakefile loads
+        (torch-free, before any job runs): each raises a one-line UserError naming the config key."""
 
     @classmethod
     def plan_overhead(cls, settings: Settings) -> int:
@@ -135,6 +149,16 @@ class Task:
     def finish(self) -> dict:
         """Stats of the task's own for the shard's summary (e.g. generated tokens); called once."""
         return {}
+
+
+def tokenize_ahead_refused(task: str, why: str) -> UserError:
+    """`tokenize.ahead` set for a task whose inputs the tokenize rule cannot make: the message says
+    which tasks it is for (those that declare `tokenizes_ahead`) and why this one is not."""
+    from shardinfer.tasks import TASKS, task_class
+
+    able = [name for name in TASKS if task_class(name).tokenizes_ahead]
+    listed = " and ".join([", ".join(able[:-1]), able[-1]] if len(able) > 1 else able)
+    return UserError(f"tokenize.ahead is for {listed}; task {task} {why}")
 
 
 def matrix_to_list_array(matrix: np.ndarray) -> pa.Array:

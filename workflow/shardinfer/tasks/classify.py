@@ -5,8 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from shardinfer.config import ModelSettings
 from shardinfer.errors import UserError
 from shardinfer.tasks.base import matrix_to_list_array
+from shardinfer.tasks.labels import label_names
 from shardinfer.tasks.text import TextTask
 
 
@@ -19,26 +21,37 @@ def untrained_head(loaded) -> list[str]:
     return sorted(key for key in loaded.missing_keys if key not in supplied)
 
 
+def refuse_untrained_head(loaded, model: ModelSettings) -> None:
+    """A classifier head that neither the checkpoint nor the adapter carries: refused in one line."""
+    missing = untrained_head(loaded)
+    if not missing:
+        return
+    where = (
+        f"the adapter `{model.adapter}` does not carry them either (train it with the classifier in "
+        "modules_to_save, e.g. task_type=SEQ_CLS)"
+        if model.adapter
+        else "it has no trained classification head"
+    )
+    raise UserError(
+        f"model.path `{model.path}`: classifier weights {', '.join(missing)} are missing from the checkpoint "
+        f"and {where}; predictions would be random"
+    )
+
+
 class Classify(TextTask):
     name = "classify"
     auto_class = "AutoModelForSequenceClassification"
     outputs = {"label": "string", "label_id": "int64", "probs": "list<float32>"}
+    scored_as = "labels"  # evaluate: accuracy, F1 and the confusion matrix (shardinfer.metrics)
+
+    @classmethod
+    def check_labels(cls, model: ModelSettings) -> None:
+        """`model.labels`: as many names as the classifier has, checked before any job runs."""
+        if model.labels is not None:
+            label_names(model.path, model.adapter, model.labels)
 
     def check(self) -> None:
-        missing = untrained_head(self.loaded)
-        if not missing:
-            return
-        model = self.settings.model
-        where = (
-            f"the adapter `{model.adapter}` does not carry them either (train it with the classifier in "
-            "modules_to_save, e.g. task_type=SEQ_CLS)"
-            if model.adapter
-            else "it has no trained classification head"
-        )
-        raise UserError(
-            f"model.path `{model.path}`: classifier weights {', '.join(missing)} are missing from the checkpoint "
-            f"and {where}; predictions would be random"
-        )
+        refuse_untrained_head(self.loaded, self.settings.model)
 
     @property
     def labels(self) -> list[str]:

@@ -31,7 +31,8 @@ import pyarrow as pa
 
 from shardinfer.errors import UserError
 from shardinfer.proof.shard_file import INDEX_COLUMN, arrow_type, file_suffix
-from shardinfer.tasks.base import LoadContext, Task, TaskInputs, Window, matrix_to_list_array
+from shardinfer.config import Settings
+from shardinfer.tasks.base import LoadContext, Task, TaskInputs, Window, matrix_to_list_array, tokenize_ahead_refused
 
 log = logging.getLogger(__name__)
 OUTPUT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # may become part of file names
@@ -55,6 +56,22 @@ def load_entrypoint(entrypoint: str) -> Callable:
     if not callable(getattr(module, name, None)):
         raise UserError(f"model.entrypoint `{entrypoint}`: `{source}` has no function `{name}`")
     return getattr(module, name)
+
+
+def check_entrypoint(entrypoint: str | None) -> None:
+    """`path/to/file.py:function` (relative to the working directory) or `module:function`: checked
+    when the Snakefile loads, without importing it (`load_entrypoint` does, in the shard job)."""
+    if not entrypoint:
+        raise UserError("model.entrypoint is required for task custom: `hooks/file.py:build` or `module:build`")
+    source, _, function = entrypoint.rpartition(":")
+    if not source or not function.isidentifier():
+        raise UserError(f"model.entrypoint `{entrypoint}` must be `file.py:function` or `module:function`")
+    if source.endswith(".py"):
+        if not Path(source).is_file():
+            raise UserError(f"model.entrypoint `{entrypoint}`: file `{source}` does not exist "
+                            "(paths are relative to the working directory)")
+    elif importlib.util.find_spec(source.split(".")[0]) is None:
+        raise UserError(f"model.entrypoint `{entrypoint}`: module `{source}` cannot be imported here")
 
 
 def _hook_error(entrypoint: str, what: str, error: BaseException) -> UserError:
@@ -105,6 +122,26 @@ class Custom(Task):
         """`input.columns`, handed to the user's code as they are: none of them is measured as text."""
         columns = tuple(inp.get("columns") or ())
         return TaskInputs(columns, ("input.columns",) * len(columns), ())
+
+    @classmethod
+    def check_settings(cls, settings: Settings) -> None:
+        """The user's code is named by the config (never by data) and exists; it reads `input.columns`."""
+        inp, model = settings.input, settings.model
+        if not inp.columns:
+            raise UserError("input.columns is required for task custom: the input columns handed to your code, "
+                            "e.g. [img, cond]")
+        if len(set(inp.columns)) != len(inp.columns):
+            raise UserError(f"input.columns lists a column twice: {list(inp.columns)}")
+        for key, value in (("model.adapter", model.adapter), ("model.labels", model.labels),
+                           ("model.max_new_tokens", model.max_new_tokens)):
+            if value is not None:
+                raise UserError(f"{key} is for the Hugging Face tasks; task custom hands model.path and "
+                                "model.options to your code, so leave it out")
+        if settings.tokenize_ahead:
+            raise tokenize_ahead_refused(cls.name, "has no tokenizer (set it to false)")
+        if model.path is not None and not Path(model.path).exists():
+            raise UserError(f"model.path `{model.path}` does not exist")
+        check_entrypoint(model.entrypoint)
 
     def __init__(self, predictor: Any, context: LoadContext) -> None:
         self.predictor = predictor

@@ -27,20 +27,22 @@ the same task on vLLM's engine (`shardinfer.tasks.generate_vllm`).
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, Collection
 
 import numpy as np
 import pyarrow as pa
 
+from shardinfer.config import ModelSettings, Settings
 from shardinfer.errors import UserError
+from shardinfer.schema import defaults
 from shardinfer.input.scan import text_values
-from shardinfer.tasks.base import Window
+from shardinfer.tasks.base import Window, tokenize_ahead_refused
 from shardinfer.tasks.classify import untrained_head
-from shardinfer.tasks.text import TextTask
+from shardinfer.tasks.text import TextTask, model_length_limit
 from shardinfer.shard.tokens import TokenWindow
 
-DEFAULTS = {"chat_template": False, "system_prompt": None, "do_sample": False, "temperature": 1.0, "top_p": 1.0,
-            "seed": 0, "stop": [], "engine": "transformers", "vllm": {}}
 FINISH = ("length", "eos", "stop")  # finish codes 0, 1, 2
 CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel", "WithLMHead", "ForConditionalGeneration",
                    "GenerationDecoder")  # class names with a generation head
@@ -51,6 +53,19 @@ def names_a_generator(architectures: list[str], known: Collection[str] = ()) -> 
     such class names (when the config is checked, without transformers), or by name in `known`
     (at load: transformers' causal LM classes). A config that names none is not refused here."""
     return not architectures or any(name in known or name.endswith(CAUSAL_SUFFIXES) for name in architectures)
+
+
+def check_positions(model: ModelSettings) -> None:
+    """A prompt of max_length and max_new_tokens generated after it fit the model's positions."""
+    limit = model_length_limit(model.path)
+    if limit is not None and model.max_new_tokens >= limit:  # no max_length would help: say what would
+        room = f"; use at most {limit - model.max_length} with max_length {model.max_length}" if model.max_length < limit else ""
+        raise UserError(f"model.max_new_tokens {model.max_new_tokens} leaves no room for a prompt within the model's "
+                        f"limit of {limit} positions{room}")
+    if limit is not None and model.max_length + model.max_new_tokens > limit:
+        raise UserError(f"model.max_length {model.max_length} + model.max_new_tokens {model.max_new_tokens} is above "
+                        f"the model's limit of {limit} positions; lower max_length to {limit - model.max_new_tokens} "
+                        f"or less, or max_new_tokens to {limit - model.max_length} or less")
 
 
 class FinishRecorder:
@@ -78,8 +93,9 @@ class FinishRecorder:
 
 
 def generation_options(task_settings: dict) -> dict:
-    """The `generate:` section with every default filled in (`DEFAULTS`), stop strings as a list."""
-    options = {**DEFAULTS, **{k: v for k, v in task_settings.items() if v is not None}}
+    """The `generate:` section with the schema's defaults under it (a validated config has them all;
+    a task built by hand may give only some), stop strings as a list."""
+    options = {**defaults("generate"), **{k: v for k, v in task_settings.items() if v is not None}}
     options["stop"] = list(options["stop"] or [])
     return options
 
@@ -131,8 +147,10 @@ class Generate(TextTask):
     name = "generate"
     auto_class = "AutoModelForCausalLM"
     padding_side = "left"
+    tokenizes_ahead = False  # prompts go through the chat template and are cut from the left, in the shard job
     outputs = {"generated": "string", "n_prompt_tokens": "int32", "n_generated_tokens": "int32",
                "finish_reason": "string"}
+    scored_as = "texts"  # evaluate: exact match of `generated` with the reference (shardinfer.metrics)
 
     def __init__(self, loaded, tokenizer, pad_id: int, context, configured_eos=None) -> None:
         """`configured_eos`: the generation_config's eos id(s) when there is no loaded model to ask."""
@@ -144,6 +162,22 @@ class Generate(TextTask):
         self.eos_ids = eos_token_ids(tokenizer, configured_eos)
         self.stop_criteria = self.stop_strings_criteria() if loaded is not None else None
         self.generated_tokens = 0
+
+    @classmethod
+    def check_settings(cls, settings: Settings) -> None:
+        """A model folder with a generation head, a token count to generate, and room for both."""
+        super().check_settings(settings)
+        model = settings.model
+        if model.max_new_tokens is None or model.max_new_tokens < 1:
+            raise UserError(f"model.max_new_tokens must be an integer >= 1 for task generate (tokens to generate at "
+                            f"most per row); got {model.max_new_tokens!r}")
+        if settings.tokenize_ahead:
+            raise tokenize_ahead_refused(cls.name, "tokenizes its prompts in the shard job (set tokenize.ahead: false)")
+        named = json.loads((Path(model.path) / "config.json").read_text()).get("architectures") or []
+        if not names_a_generator(named):
+            raise UserError(f"model.path `{model.path}` holds {', '.join(named)}, not a causal language model "
+                            "(…ForCausalLM) with a generation head; task generate needs one")
+        check_positions(model)
 
     @classmethod
     def plan_overhead(cls, settings) -> int:

@@ -271,6 +271,12 @@ class VllmGenerate(Generate):
         self.lora = self.lora_request(context.settings.model.adapter)
 
     @classmethod
+    def check_settings(cls, settings) -> None:
+        """Task generate's checks, then the engine's: installed, and what it is handed it can take."""
+        super().check_settings(settings)
+        check_vllm_settings(settings.model.path, settings.model.adapter, settings.task_settings)
+
+    @classmethod
     def identity(cls, settings) -> dict:
         """The engine's build and version: another version may give other text."""
         return engine_identity(settings.task_settings)

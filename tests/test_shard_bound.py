@@ -7,10 +7,11 @@ import time
 import pytest
 
 from factory import input_frame, input_settings, run_workflow, workflow_config, write_input
-from shardinfer.input import shard_bound as shardcount
+from shardinfer.input.formats import text_blocks
 from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
-from shardinfer.input.shard_bound import FEW_SHARDS, check_shard_count, lines, rows_at_most, shard_count_note
+from shardinfer.input.formats.text_blocks import lines
+from shardinfer.input.shard_bound import FEW_SHARDS, check_shard_count, rows_at_most, shard_count_note
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".csv", ".jsonl"])
@@ -47,7 +48,7 @@ def test_lines_end_at_any_line_break_and_count_a_last_line_without_one(tmp_path,
 def test_counting_stops_once_the_shards_are_reached(tmp_path, monkeypatch):
     path = tmp_path / "in.jsonl"
     path.write_bytes(b'{"text": "x"}\n' * 10_000)
-    monkeypatch.setattr(shardcount, "CHUNK_BYTES", 1000)  # 71 lines and a part of one a chunk
+    monkeypatch.setattr(text_blocks, "LINE_CHUNK_BYTES", 1000)  # 71 lines and a part of one a chunk
     assert lines(str(path), 5) == 72  # one chunk read
     assert rows_at_most((str(path),), "jsonl", 100) == (143, False)  # two
     assert rows_at_most((str(path),), "jsonl", 20_000) == (10_000, False)

@@ -6,8 +6,15 @@ import pytest
 from factory import input_frame, write_input
 from factory import input_settings as settings_for
 from shardinfer.errors import UserError
-from shardinfer.input import scan as tables
-from shardinfer.input.scan import count_rows, iter_range, scan_input, windows
+from shardinfer.input.formats import format_named
+from shardinfer.input.formats import text_blocks as tables
+from shardinfer.input.parts import windows
+from shardinfer.input.scan import count_rows, scan_input
+
+
+def iter_range(inp, start, end, span=None):
+    """One file's rows [start, end), as a shard reads them (from the plan's span, if given)."""
+    return format_named(inp.format).read_range(inp, start, end, span)
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".csv", ".jsonl"])

@@ -1,0 +1,251 @@
+"""The formats added behind the one format interface (Arrow IPC files and streams, Feather, Hugging
+Face `datasets` folders, TSV and other delimiters), each compared with the same rows as Parquet,
+row for row: whole-file scans, every shard's range through the plan, and gather's row counts.
+Plus the format lines a user gets for what no format reads."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.feather as feather
+import pyarrow.parquet as pq
+import pytest
+
+from factory import input_frame, run_workflow, workflow_config, write_input
+from shardinfer.errors import UserError
+from shardinfer.input.discovery import resolve_input
+from shardinfer.input.formats import all_formats, format_named, format_of
+from shardinfer.input.formats import text_blocks
+from shardinfer.input.parts import iter_pieces
+from shardinfer.input.scan import count_rows
+from shardinfer.input.shard_bound import check_shard_count
+from shardinfer.input.staging import wants_staging
+from shardinfer.plan import make_plan
+
+ROWS = 500
+
+
+def frame_with_awkward_text(rows: int = ROWS) -> pd.DataFrame:
+    """Texts with commas, tabs, quotes and line breaks in them, and a null."""
+    frame = input_frame(rows)
+    frame.loc[3, "text"] = 'a "quoted", comma\tand tab'
+    frame.loc[4, "text"] = "two\nlines"
+    frame.loc[5, "text"] = None
+    return frame
+
+
+def settings(path: Path | str, fmt: str | None = None, **overrides):
+    """Input settings of a file or folder, its format and parts resolved as the Snakefile does."""
+    found, parts = resolve_input(str(path), fmt or "auto", overrides.pop("split", None))
+    values = {"path": str(path), "format": found, "parts": parts, "text_column": "text", "keep_columns": ("id", "gold"),
+              "null_text": "empty"}
+    from shardinfer.config import InputSettings
+
+    return InputSettings(**{**values, **overrides})
+
+
+def shard_table(inp, shards: int) -> pa.Table:
+    """Every shard's rows read through the plan, as a shard job reads them, concatenated in order."""
+    plan = make_plan(inp, shards, 32)
+    batches = [batch for pieces in plan.pieces for _, batch in iter_pieces(inp, pieces, plan.fields)]
+    assert sum(b.num_rows for b in batches) == plan.rows
+    return pa.Table.from_batches(batches).cast(pa.schema([("text", pa.string()), ("id", pa.string()),
+                                                          ("gold", pa.int64())]))
+
+
+def parquet_rows(frame: pd.DataFrame, tmp_path: Path, shards: int = 3) -> pa.Table:
+    return shard_table(settings(write_input(frame, tmp_path / "same.parquet")), shards)
+
+
+def write_ipc_stream(table: pa.Table, path: Path, batch_rows: int) -> Path:
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=batch_rows)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["arrow file", "feather", "arrow stream"])
+def test_arrow_ipc_reads_as_the_same_rows_as_parquet(tmp_path, kind):
+    frame = frame_with_awkward_text()
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    if kind == "arrow stream":
+        path = write_ipc_stream(table, tmp_path / "in.arrow", batch_rows=37)
+    else:
+        path = tmp_path / ("in.arrow" if kind == "arrow file" else "in.feather")
+        feather.write_feather(table, str(path), chunksize=37, compression="uncompressed" if kind == "arrow file" else "lz4")
+    inp = settings(path)
+    assert inp.format == "arrow"
+    want = parquet_rows(frame, tmp_path)
+    for shards in (1, 4, 9):  # ranges cut inside batches of 37 rows
+        assert shard_table(inp, shards).equals(want)
+    assert count_rows(inp) == ROWS and format_named("arrow").rows_at_most(str(path), 10) == (ROWS, True)
+    assert not wants_staging(dataclasses.replace(inp, stage="always"), str(path), ROWS, 1 << 40, [(0, 250), (250, 500)])
+
+
+def test_arrow_parts_of_other_types_are_read_in_one_type(tmp_path):
+    """Two Arrow parts whose writers typed a column differently (int32 and int64) read as int64."""
+    frame = input_frame(60)
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    first = pa.Table.from_pandas(frame.iloc[:20], preserve_index=False)
+    first = first.set_column(first.schema.get_field_index("gold"), "gold", first.column("gold").cast(pa.int32()))
+    feather.write_feather(first, str(folder / "part-0.arrow"))
+    feather.write_feather(pa.Table.from_pandas(frame.iloc[20:], preserve_index=False), str(folder / "part-1.arrow"))
+    inp = settings(folder)
+    assert shard_table(inp, 3).equals(parquet_rows(frame, tmp_path))
+
+
+def save_dataset(frame: pd.DataFrame, path: Path, shards: int):
+    datasets = pytest.importorskip("datasets")
+    datasets.disable_progress_bars()
+    dataset = datasets.Dataset.from_pandas(frame, preserve_index=False)
+    dataset.save_to_disk(str(path), num_shards=shards)
+    return datasets
+
+
+def test_a_datasets_folder_is_its_rows_in_the_datasets_order(tmp_path):
+    """A shuffled and selected dataset saved in 3 files: the rows `load_from_disk` gives, in its
+    order, the JSON files passed over; the same rows as Parquet."""
+    frame = frame_with_awkward_text()
+    shuffled = frame.sample(frac=1.0, random_state=0).iloc[:400].reset_index(drop=True)
+    datasets = save_dataset(shuffled, tmp_path / "ds", shards=3)
+    inp = settings(tmp_path / "ds")
+    assert inp.format == "hf_dataset" and [Path(p).name for p in inp.files] == [
+        f"data-0000{k}-of-00003.arrow" for k in range(3)]
+    assert datasets.load_from_disk(str(tmp_path / "ds"))["id"] == shuffled["id"].tolist()
+    assert shard_table(inp, 4).equals(parquet_rows(shuffled, tmp_path, shards=2))
+
+
+def test_a_dataset_dict_needs_a_split_and_never_joins_them(tmp_path):
+    pytest.importorskip("datasets")
+    import datasets
+
+    datasets.disable_progress_bars()
+    frame = input_frame(90)
+    splits = {"train": frame.iloc[:60], "test": frame.iloc[60:]}
+    datasets.DatasetDict({name: datasets.Dataset.from_pandas(part, preserve_index=False)
+                          for name, part in splits.items()}).save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(UserError, match=r"^input.path `.*dd` is a DatasetDict with splits train, test; set "
+                                        r"input.split to one of them, or run each as a named input") as caught:
+        settings(tmp_path / "dd")
+    assert "\n" not in str(caught.value)
+    with pytest.raises(UserError, match=r"input.split `val` is not one of them"):
+        settings(tmp_path / "dd", split="val")
+    test = settings(tmp_path / "dd", split="test")
+    assert shard_table(test, 2).equals(parquet_rows(splits["test"], tmp_path))
+    with pytest.raises(UserError, match=r"^input.split `test` is for a Hugging Face DatasetDict folder"):
+        settings(write_input(frame, tmp_path / "plain.parquet"), split="test")
+
+
+@pytest.mark.parametrize("suffix, delimiter", [(".tsv", None), (".csv", ";"), (".csv", "|"), (".tsv.gz", None)])
+def test_delimited_text_reads_as_the_same_rows_as_parquet(tmp_path, monkeypatch, suffix, delimiter):
+    """A value holding the other separators, quotes and a line break stays one value, from any
+    block (small blocks: many marks, so shards start inside the file)."""
+    monkeypatch.setattr(text_blocks, "BLOCK_BYTES", 512)
+    frame = frame_with_awkward_text()
+    separator = delimiter or "\t"
+    path = tmp_path / f"in{suffix}"
+    options = pacsv.WriteOptions(delimiter=separator, quoting_style="needed")
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    with pa.CompressedOutputStream(str(path), "gzip") if suffix.endswith(".gz") else pa.OSFile(str(path), "wb") as sink:
+        pacsv.write_csv(table, sink, options)
+    inp = settings(path, delimiter=delimiter)
+    assert inp.format == ("tsv" if suffix.startswith(".tsv") else "csv")
+    texts = frame["text"].fillna("").tolist()
+    got = shard_table(inp, 7)
+    assert got.column("text").to_pylist() == texts
+    assert got.column("id").equals(parquet_rows(frame, tmp_path).column("id"))
+
+
+def test_a_tsv_read_as_csv_is_one_column_and_says_so(tmp_path):
+    path = tmp_path / "in.txt"
+    path.write_text("id\ttext\tgold\nrow-0\thello\t1\n")
+    with pytest.raises(UserError, match=r"input.text_column: column `text` is not in .*; its columns are: id\ttext"):
+        make_plan(settings(path, "csv"), 1, 32)
+    assert shard_table(settings(path, "tsv"), 1).column("text").to_pylist() == ["hello"]
+
+
+@pytest.mark.parametrize("delimiter", ['"', "\n", "ab"])
+def test_a_delimiter_that_cannot_separate_is_refused(tmp_path, delimiter):
+    inp = settings(write_input(input_frame(5), tmp_path / "in.csv"), delimiter=delimiter)
+    with pytest.raises(UserError, match=r"^input.delimiter .* is not allowed: one character other than a quote"):
+        format_named(inp.format).check_settings(inp)
+
+
+def test_a_delimiter_for_a_typed_format_is_refused(tmp_path):
+    inp = settings(write_input(input_frame(5), tmp_path / "in.parquet"), delimiter=";")
+    with pytest.raises(UserError, match=r"^input.delimiter is for delimited text \(csv, tsv\); input `.*` is parquet"):
+        format_named(inp.format).check_settings(inp)
+
+
+def test_a_compressed_binary_format_is_an_unknown_type(tmp_path):
+    """`x.parquet.gz` names no format (only text formats are read through a decompressor)."""
+    path = tmp_path / "x.parquet.gz"
+    path.write_bytes(b"\x1f\x8b")
+    assert format_of(str(path)) is None and format_of("x.csv.gz").name == "csv" and format_of("x.arrow.zst") is None
+    with pytest.raises(UserError, match=r"^input `.*x.parquet.gz`: unknown file type; allowed extensions: .*\.parquet"):
+        resolve_input(str(path))
+
+
+def test_a_feather_v1_file_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "old.feather"
+    with pytest.warns(DeprecationWarning):
+        feather.write_feather(pa.table({"text": ["a"], "id": ["0"], "gold": [1]}), str(path), version=1)
+    with pytest.raises(UserError, match=r"^input `.*old.feather` is a Feather V1 file, which is not read"):
+        make_plan(settings(path), 1, 32)
+
+
+def test_an_unknown_format_name_is_refused_naming_those_there_are(tmp_path):
+    path = write_input(input_frame(5), tmp_path / "in.csv")
+    with pytest.raises(UserError, match=r"^input.format `excel` is not a format; allowed: auto, ") as caught:
+        resolve_input(str(path), "excel")
+    assert all(name in str(caught.value) for name in all_formats())
+
+
+def test_a_corrupt_parquet_part_with_many_shards_is_one_line(tmp_path):
+    """The shard-count bound reads footers when the Snakefile loads: a broken one is named."""
+    path = tmp_path / "broken.parquet"
+    path.write_bytes(b"PAR1 not really")
+    inp = settings(path)
+    with pytest.raises(UserError, match=r"^input `.*broken.parquet`: cannot read it as parquet: ") as caught:
+        check_shard_count(inp, 5000)
+    assert "\n" not in str(caught.value)
+
+
+def test_every_format_is_found_by_its_extensions_alone():
+    """The registry is the format modules: each extension names the format that declares it."""
+    for fmt in all_formats().values():
+        for suffix in fmt.extensions:
+            assert format_of(f"data/part-0{suffix}") is fmt
+            assert (format_of(f"data/part-0{suffix}.gz") is fmt) == fmt.compressible
+
+
+def test_a_dataset_dict_runs_as_named_inputs_one_per_split(classify_runs, models, tmp_path):
+    """End to end: a DatasetDict of a classify run's input, cut into two splits, run as named
+    inputs (`split:` each, one shard each), each classified and proven on its own: each split's
+    predictions are the whole run's for the same rows (labels exactly; probabilities to float
+    rounding, since the batches differ)."""
+    datasets = pytest.importorskip("datasets")
+    datasets.disable_progress_bars()
+    want = classify_runs(1000, 4)
+    splits = {"train": want.frame.iloc[:640], "test": want.frame.iloc[640:]}
+    workdir = tmp_path / "run"
+    datasets.DatasetDict({name: datasets.Dataset.from_pandas(part, preserve_index=False)
+                          for name, part in splits.items()}).save_to_disk(str(workdir / "data" / "dd"))
+    config = workflow_config("data/dd", models.classifier, shards=1)
+    del config["input"]
+    config["inputs"] = {name: {"path": "data/dd", "split": name, "keep_columns": ["id"]} for name in splits}
+    result = run_workflow(workdir, config)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    start = 0
+    for name, part in splits.items():
+        got = pd.read_parquet(workdir / "results" / name / "predictions.parquet")
+        same = want.predictions.iloc[start:start + len(part)].reset_index(drop=True)
+        assert got["id"].tolist() == part["id"].tolist() and got["index"].tolist() == list(range(len(part)))
+        assert got["label"].tolist() == same["label"].tolist()
+        assert np.allclose(np.stack(got["probs"]), np.stack(same["probs"]), atol=1e-5)
+        start += len(part)

@@ -1,0 +1,217 @@
+"""The format interface: everything the stages ask of an input format, and nothing more.
+
+No stage tests a format by its name. Discovery asks which format a file name or a folder is;
+the plan's scan asks for a file's columns, the types its parts are read in and its rows in
+batches (with marks where a shard may start reading); a shard job asks for a row range; staging
+asks how many rows its shards would read in place and for a copy they can read by range; the
+shard-count check asks for an exact or upper bound on the rows; gather asks for the row count.
+A format is one module in this package defining `FORMATS` (see `shardinfer.input.formats`).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar, Iterator
+
+import pyarrow as pa
+
+from shardinfer.errors import UserError
+
+if TYPE_CHECKING:  # the settings are read, never built here: config builds them through discovery
+    from shardinfer.config import InputSettings
+
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".lz4", ".zst")  # what Arrow decompresses by the name (pa.input_stream)
+Held = list[tuple[int, int]]  # the shards' row ranges in one part, in the part's own numbering
+
+
+def compressed(path: str) -> bool:
+    """Whether Arrow reads the file through a decompressor (so it cannot seek), as its name says."""
+    return path.endswith(COMPRESSED_SUFFIXES)
+
+
+@dataclass(frozen=True)
+class Mark:
+    """Where a block of rows starts in a file: its first row, the file's line number there (JSONL
+    errors name absolute lines) and its byte offset (decompressed, for .gz)."""
+    row: int
+    line: int
+    byte: int
+
+
+@dataclass(frozen=True)
+class Span:
+    """The part of a file that holds a shard's rows, from the plan: reading starts at `at` (at or
+    before the shard's first row) and stops at byte `stop` (a record boundary after its last row;
+    None: the file's end). `fields`: the types the file is read in, from the plan (JSONL: typed
+    over every part), so that no shard has to type them again by reading it all."""
+    at: Mark
+    stop: int | None
+    fields: pa.Schema | None = None
+
+    def to_json(self) -> dict:
+        return {"row": self.at.row, "line": self.at.line, "byte": self.at.byte, "stop_byte": self.stop}
+
+    @classmethod
+    def from_json(cls, data: dict, fields: pa.Schema | None) -> Span:
+        return cls(Mark(data["row"], data["line"], data["byte"]), data["stop_byte"], fields)
+
+
+class Format:
+    """One input format. Stateless: each is one instance, found by name or by a file's name."""
+
+    name: ClassVar[str]  # what `input.format` says
+    extensions: ClassVar[tuple[str, ...]] = ()  # lower case, with the dot
+    compressible: ClassVar[bool] = False  # names may end in .gz, .bz2, .lz4, .zst (read through a decompressor)
+    staged_suffix: ClassVar[str | None] = None  # its staged copies' suffix; None: never staged
+
+    @contextmanager
+    def reading(self, path: str) -> Iterator[None]:
+        """Turn read errors into one line that names the file and this format."""
+        try:
+            yield
+        except (pa.ArrowException, OSError, ValueError) as error:
+            line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise UserError(f"input `{path}`: cannot read it as {self.name}: {line}") from error
+
+    def check_settings(self, inp: InputSettings) -> None:
+        """Refuse input settings this format cannot follow, before any job runs."""
+        if inp.delimiter is not None:
+            raise UserError(f"input.delimiter is for delimited text (csv, tsv); input `{inp.path}` is {self.name}, "
+                            "so leave it out")
+
+    def folder_parts(self, folder: str, split: str | None) -> tuple[str, ...] | None:
+        """The parts of a folder laid out in this format's own way (a Hugging Face dataset), in row
+        order; None for a folder that is not (its table files are then found by extension)."""
+        return None
+
+    def column_names(self, inp: InputSettings, fields: pa.Schema | None = None) -> list[str]:
+        """The columns of the file `inp.path`, a name twice if it holds it twice (`fields`: the
+        plan's types)."""
+        raise NotImplementedError
+
+    def fields(self, inp: InputSettings) -> pa.Schema | None:
+        """The types that every part (`inp.files`) is read in, decided before the scan and recorded
+        in the plan, so that all shards write one schema; None: each part as it is."""
+        return None
+
+    def batches(self, inp: InputSettings, span: Span | None = None, fields: pa.Schema | None = None
+                ) -> Iterator[tuple[Mark | None, pa.RecordBatch]]:
+        """The read columns (`inp.read_columns`, duplicates kept) of the file `inp.path` in batches,
+        all its rows or its span's, each with the mark where a shard could start reading it (None:
+        the format needs none, it reads any row range directly)."""
+        raise NotImplementedError
+
+    def read_range(self, inp: InputSettings, start: int, end: int, span: Span | None = None,
+                   fields: pa.Schema | None = None) -> Iterator[tuple[int, pa.RecordBatch]]:
+        """Rows [start, end) as (row number of the batch's first row, batch): by default from the
+        span's mark (or the start), the rows before `start` passed over."""
+        if start >= end:
+            return
+        offset = span.at.row if span else 0
+        if offset > start:
+            raise ValueError(f"span starts at row {offset}, after the range's first row {start}")
+        for _, batch in self.batches(inp, span, fields):
+            lo, hi = max(start, offset), min(end, offset + batch.num_rows)
+            if lo < hi:
+                yield lo, batch.slice(lo - offset, hi - lo)
+            offset += batch.num_rows
+            if offset >= end:
+                return
+
+    def count_rows(self, inp: InputSettings, fields: pa.Schema | None = None) -> int:
+        """The file's rows, as gather proves them (by default: read through)."""
+        return sum(batch.num_rows for _, batch in self.batches(inp, None, fields))
+
+    def rows_at_most(self, path: str, enough: int) -> tuple[int, bool] | None:
+        """An upper bound on the file's rows, counted until it reaches `enough`, and whether it is
+        exact; None where none is cheap to know."""
+        return None
+
+    def rows_read(self, path: str, held: Held) -> int:
+        """Rows its shards would read of the file in place: by default exactly their ranges."""
+        return sum(hi - lo for lo, hi in held)
+
+    def stage(self, inp: InputSettings, path: str, held: Held, target: Path) -> tuple[str, tuple[str, ...] | None]:
+        """Write a copy of the part that its shards can read by range to `target`; returns the
+        copy's content digest and the columns it holds (None: all of the part's)."""
+        raise NotImplementedError(f"{self.name} parts are never staged")
+
+
+def conform(batch: pa.RecordBatch, fields: pa.Schema | None, columns: list[str]) -> pa.RecordBatch:
+    """A batch in the plan's types over all parts: a widening, which holds every value exactly
+    (`common_type`). By position: a kept text column is read twice under one name."""
+    if fields is None:
+        return batch
+    types = [fields.field(column).type if column in fields.names else None for column in columns]
+    if all(kind is None or kind == array.type for kind, array in zip(types, batch.columns)):
+        return batch
+    arrays = [array if kind is None else array.cast(kind) for kind, array in zip(types, batch.columns)]
+    return pa.RecordBatch.from_arrays(arrays, names=columns)
+
+
+def select(batch: pa.RecordBatch | pa.Table, columns: list[str]) -> pa.RecordBatch:
+    """The columns in order, a name twice where it is asked for twice."""
+    if isinstance(batch, pa.Table):
+        batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else pa.RecordBatch.from_pylist([], batch.schema)
+    return pa.RecordBatch.from_arrays([batch.column(c) for c in columns], names=columns)
+
+
+def common_type(one: pa.DataType, other: pa.DataType) -> pa.DataType | None:
+    """The type that holds the values of both exactly, by widening only (writers differ: Spark writes
+    string and int32 where pandas writes large_string and int64; a categorical is a dictionary);
+    None when there is none (numbers and text, uint64 and int64, int and float, other units)."""
+    one, other = (t.value_type if pa.types.is_dictionary(t) else t for t in (one, other))
+    if one == other or pa.types.is_null(other):
+        return one
+    if pa.types.is_null(one):
+        return other
+    for family in ((pa.string(), pa.large_string()), (pa.binary(), pa.large_binary())):
+        if one in family and other in family:
+            return family[1]
+    for same_kind in (pa.types.is_signed_integer, pa.types.is_unsigned_integer, pa.types.is_floating):
+        if same_kind(one) and same_kind(other):
+            return max(one, other, key=lambda t: t.bit_width)
+    signed, unsigned = sorted((one, other), key=pa.types.is_unsigned_integer)
+    if pa.types.is_signed_integer(signed) and pa.types.is_unsigned_integer(unsigned):
+        return signed if signed.bit_width > unsigned.bit_width else None  # int64 holds every uint32
+    if _is_list(one) and _is_list(other):
+        values = common_type(one.value_type, other.value_type)
+        large = pa.types.is_large_list(one) or pa.types.is_large_list(other)
+        return values and (pa.large_list(values) if large else pa.list_(values))
+    return None
+
+
+def _is_list(kind: pa.DataType) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind)
+
+
+def widened_fields(inp: InputSettings, schema_of) -> pa.Schema | None:
+    """The read columns' types over all parts of a typed format (Parquet, Arrow), from each part's
+    schema (`schema_of(path)`) before anything is read: None when every part gives each column one
+    type; else each column's type that holds every part's values exactly (`common_type`); a
+    column no such type holds is refused. A column missing from a part is named by its scan."""
+    found: dict[str, list[tuple[str, pa.DataType]]] = {}
+    for path in inp.files:
+        schema = schema_of(path)
+        for column in inp.read_columns:
+            if (i := schema.get_field_index(column)) >= 0:
+                found.setdefault(column, []).append((path, schema.field(i).type))
+    fields = [pa.field(column, _one_type(column, types)) for column, types in found.items()]
+    differ = any(kind != field.type for field in fields for _, kind in found[field.name])
+    return pa.schema(fields) if differ else None
+
+
+def _one_type(column: str, types: list[tuple[str, pa.DataType]]) -> pa.DataType:
+    """The one type of a column that the parts give these (part, type) pairs, in part order."""
+    merged = types[0][1]
+    for k, (path, kind) in enumerate(types[1:], start=1):
+        widened = common_type(merged, kind)
+        if widened is None:
+            first, before = next(((p, t) for p, t in types[:k] if common_type(t, kind) is None), types[0])
+            raise UserError(f"input `{path}`: column `{column}` holds {kind}, but `{first}` holds {before}, and no "
+                            "type holds both exactly (allowed across parts: string and large_string, integers or "
+                            "floats of other widths, uint into a wider int, a dictionary and its values, null)")
+        merged = widened
+    return merged
