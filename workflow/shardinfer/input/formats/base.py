@@ -112,13 +112,7 @@ class Format:
         offset = span.at.row if span else 0
         if offset > start:
             raise ValueError(f"span starts at row {offset}, after the range's first row {start}")
-        for _, batch in self.batches(inp, span, fields):
-            lo, hi = max(start, offset), min(end, offset + batch.num_rows)
-            if lo < hi:
-                yield lo, batch.slice(lo - offset, hi - lo)
-            offset += batch.num_rows
-            if offset >= end:
-                return
+        yield from rows_between((batch for _, batch in self.batches(inp, span, fields)), offset, start, end)
 
     def count_rows(self, inp: InputSettings, fields: pa.Schema | None = None) -> int:
         """The file's rows, as gather proves them (by default: read through)."""
@@ -137,6 +131,19 @@ class Format:
         """Write a copy of the part that its shards can read by range to `target`; returns the
         copy's content digest and the columns it holds (None: all of the part's)."""
         raise NotImplementedError(f"{self.name} parts are never staged")
+
+
+def rows_between(batches: Iterator[pa.RecordBatch], offset: int, start: int, end: int
+                 ) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """Rows [start, end) of consecutive batches whose first holds row `offset`, as (row number of
+    the slice's first row, slice); stops reading at the batch that holds the last."""
+    for batch in batches:
+        lo, hi = max(start, offset), min(end, offset + batch.num_rows)
+        if lo < hi:
+            yield lo, batch.slice(lo - offset, hi - lo)
+        offset += batch.num_rows
+        if offset >= end:
+            return
 
 
 def conform(batch: pa.RecordBatch, fields: pa.Schema | None, columns: list[str]) -> pa.RecordBatch:

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardinfer.atomic import atomic_parquet_writer
-from shardinfer.input.formats.base import Format, Held, Mark, Span, conform, select, widened_fields
+from shardinfer.input.formats.base import Format, Held, Mark, Span, conform, rows_between, select, widened_fields
 from shardinfer.input.identity import file_digest
 
 if TYPE_CHECKING:  # the settings are read, never built here: config builds them through discovery
@@ -77,13 +77,7 @@ class Parquet(Format):
             bounds = row_group_bounds(inp.path)
         groups = [g for g in range(len(bounds) - 1) if bounds[g] < end and bounds[g + 1] > start]
         offset = bounds[groups[0]] if groups else 0
-        for _, batch in self.batches(inp, None, fields, groups):
-            lo, hi = max(start, offset), min(end, offset + batch.num_rows)
-            if lo < hi:
-                yield lo, batch.slice(lo - offset, hi - lo)
-            offset += batch.num_rows
-            if offset >= end:
-                return
+        yield from rows_between((batch for _, batch in self.batches(inp, None, fields, groups)), offset, start, end)
 
     def count_rows(self, inp: InputSettings, fields: pa.Schema | None = None) -> int:
         with self.reading(inp.path):
