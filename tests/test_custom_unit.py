@@ -131,3 +131,27 @@ def test_a_custom_row_that_never_fits_does_not_name_max_length():
     message = refused(lambda: list(predict_splitting(task, window, np.array([0]), None, torch.device("cpu"))),
                       r"row 3 \(4 cost units\) does not fit in device memory even alone; lower what your code needs")
     assert "max_length" not in message
+
+
+def test_a_file_below_a_custom_model_folder_enters_the_shard_digest(tmp_path):
+    """A custom task's model.path is any folder of the user's: a weight file in a sub-folder reruns
+    the shards when it changes; a Hugging Face task's flat folder is read one level deep."""
+    from shardinfer.config import BatchSettings, InputSettings, ModelSettings, Settings
+    from shardinfer.settings_digest import output_digest
+
+    (tmp_path / "weights" / "stage2").mkdir(parents=True)
+    weight = tmp_path / "weights" / "stage2" / "w.bin"
+    weight.write_bytes(b"1")
+    (tmp_path / "hook.py").write_text("def build(path, options, device):\n    pass\n")
+
+    def digest(task: str) -> str:
+        model = ModelSettings(path=str(tmp_path / "weights"), adapter=None, task=task, max_length=8,
+                              dtype="float32", trust_remote_code=False, allow_pickle=False,
+                              entrypoint=f"{tmp_path / 'hook.py'}:build" if task == "custom" else None)
+        inp = InputSettings(path="in.csv", format="csv", text_column="text", keep_columns=(), null_text="error",
+                            columns=("a",) if task == "custom" else ())
+        return output_digest(Settings(inp, model, BatchSettings(64, 8, 64), 1))
+
+    before = {task: digest(task) for task in ("custom", "embed")}
+    weight.write_bytes(b"22")
+    assert digest("custom") != before["custom"] and digest("embed") == before["embed"]

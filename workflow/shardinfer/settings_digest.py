@@ -57,16 +57,17 @@ def output_digest(settings: Settings) -> str:
     Stored in each shard file and passed as a rule param: a change reruns the shards, and gather
     refuses a shard computed under other settings.
     """
+    task = engine_class(settings)
     relevant = {
         "input": {"text_column": settings.input.text_column, "keep_columns": settings.input.keep_columns,
                   "null_text": settings.input.null_text, "columns": settings.input.columns},
         "model": dataclasses.asdict(settings.model),
         "task_settings": settings.task_settings,  # the task's own section only
-        "model_files": directory_fingerprint(settings.model.path, recursive=settings.model.task == "custom"),
+        "model_files": directory_fingerprint(settings.model.path, recursive=task.model_files_below),
         "adapter_files": directory_fingerprint(settings.model.adapter),
         "code": entrypoint_digest(settings.model.entrypoint),
     }
-    extra = engine_class(settings).identity(settings)  # e.g. the vLLM engine's version
+    extra = task.identity(settings)  # e.g. the vLLM engine's version
     if extra:  # absent otherwise, so that the other tasks' digests stay as they were
         relevant["task"] = extra
     return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=list).encode()).hexdigest()[:16]

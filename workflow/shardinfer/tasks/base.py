@@ -88,6 +88,9 @@ class Task:
     name: ClassVar[str]  # its settings, if any, are the config section of that name
     outputs: dict[str, str]  # output column -> type string, in output order
     cost_unit: ClassVar[str] = "tokens"
+    # Its model.path may be any folder of the user's (custom): every file below it enters the shard
+    # digest, not only those directly in it (a Hugging Face folder is flat).
+    model_files_below: ClassVar[bool] = False
     tokenizes_ahead: ClassVar[bool] = False  # whether the tokenize rule can make its inputs (`tokenize.ahead`)
     # How `evaluate:` scores its outputs against a gold column (shardinfer.metrics.SCORERS): "labels"
     # (classes: label_id or label), "texts" (generated: exact match); None: no metric, evaluate refused.

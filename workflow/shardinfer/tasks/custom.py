@@ -116,6 +116,7 @@ class Custom(Task):
     outputs: dict[str, str] = {}  # known once the user's code is loaded
     writes_files = True  # its outputs may declare file columns
     cost_unit = "cost units"
+    model_files_below = True
 
     @classmethod
     def inputs(cls, inp: dict, section: dict) -> TaskInputs:
