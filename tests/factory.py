@@ -107,6 +107,20 @@ def write_input(frame: pd.DataFrame, path: Path) -> Path:
     return path
 
 
+def write_empty_input(path: Path) -> Path:
+    """An input with input_frame's columns and no rows (a day's empty split), typed as it would be
+    with rows (pandas types an empty column of strings as double in Parquet)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".parquet":
+        types = {"id": pa.string(), "gold": pa.int64(), "text": pa.string()}
+        pq.write_table(pa.table({name: pa.array([], kind) for name, kind in types.items()}), path)
+        return path
+    return write_input(input_frame(0), path)
+
+
 def gzipped(frame: pd.DataFrame, path: Path) -> Path:
     """The frame as `path`, a `.csv.gz` or `.jsonl.gz` file."""
     import gzip

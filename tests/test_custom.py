@@ -99,6 +99,10 @@ def test_every_row_has_its_file_equal_to_the_hook_run_directly(runs):
     np.testing.assert_allclose(got["mean_change"], want["mean_change"], rtol=1e-6)
     names = sorted(p.name for p in (workdir / "results" / "files").rglob("*.png"))
     assert names == [f"{i:09d}.png" for i in range(ROWS)]  # one file per row, none twice, none else
+    # The report fits the task: custom rows are no texts, so no token-length figure and no padding.
+    report = sorted(p.name for p in (workdir / "results" / "report").iterdir())
+    assert report == ["rows_per_s.png", "run.html", "shards.html", "stages.png"]
+    assert "padding ratio" not in (workdir / "results" / "report" / "shards.html").read_text()
 
 
 def test_one_and_three_shards_give_byte_identical_files(runs):

@@ -205,3 +205,56 @@ def test_input_edited_with_the_same_size_and_mtime_is_refused_by_its_content_dig
                    DIGEST, str(out), str(tmp_path / "out" / "summary.json"))
     assert "\n" not in str(caught.value)
     assert not out.exists()
+
+
+def empty_run(root, task="classify", model_path="unused"):
+    """A plan of an input without rows, its two (empty) shard files and the job's settings."""
+    from factory import write_empty_input
+
+    inp = input_settings(write_empty_input(root / "in.parquet"), keep_columns=("id", "gold"))
+    model = ModelSettings(path=model_path, adapter=None, task=task, max_length=32, dtype="auto",
+                          trust_remote_code=False, allow_pickle=False)
+    settings = Settings(input=inp, model=model, batch=BatchSettings(256, 16, 128), shards=2)
+    run_plan(inp, 2, 32, str(root / "plan.json"))
+    paths = [str(root / "shards" / f"{shard}.parquet") for shard in range(2)]
+    for shard, path in enumerate(paths):  # empty: no model is loaded (the path names none)
+        run_shard(ShardJob(settings, str(root / "plan.json"), shard, path, DIGEST))
+    return inp, paths
+
+
+def test_an_input_without_rows_gathers_into_an_empty_proven_table(tmp_path):
+    inp, paths = empty_run(tmp_path)
+    out = tmp_path / "out"
+    report = run_gather(str(tmp_path / "plan.json"), paths, inp, {"task": "classify"}, DIGEST,
+                        str(out / "predictions.parquet"), str(out / "summary.json"))
+    table = pq.read_table(out / "predictions.parquet")
+    assert table.num_rows == 0 and report["rows"] == 0 and report["run"]["rows"] == 0
+    assert table.schema.names == ["index", "id", "gold", "label", "label_id", "probs"]
+    assert table.schema.field("gold").type == pa.int64() and table.schema.field("probs").type == pa.list_(pa.float32())
+    assert json.loads((out / "summary.json").read_text())["rows"] == 0
+
+
+def test_an_input_without_rows_that_changed_since_planning_is_refused(tmp_path):
+    """Its identity holds as for any input: the same size and mtime, other bytes, is refused by digest."""
+    inp, paths = empty_run(tmp_path)
+    path, stamp = tmp_path / "in.parquet", os.stat(tmp_path / "in.parquet")
+    data = path.read_bytes()
+    assert b"parquet-cpp-arrow" in data  # the footer's `created_by`: same size, other content, still readable
+    path.write_bytes(data.replace(b"parquet-cpp-arrow", b"parquet-cpp-arroW"))
+    os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    with pytest.raises(ProofError, match="changed since planning: same size and mtime, other content"):
+        run_gather(str(tmp_path / "plan.json"), paths, inp, {"task": "classify"}, DIGEST,
+                   str(tmp_path / "out" / "predictions.parquet"), str(tmp_path / "out" / "summary.json"))
+    assert not (tmp_path / "out" / "predictions.parquet").exists()
+
+
+def test_a_custom_task_on_an_input_without_rows_is_refused_in_one_line(tmp_path):
+    """Custom code names its columns only when it loads for rows: no table to write, said so."""
+    root = tmp_path
+    from factory import write_empty_input
+
+    inp = input_settings(write_empty_input(root / "in.parquet"), keep_columns=("id",))
+    run_plan(inp, 2, 32, str(root / "plan.json"))
+    with pytest.raises(UserError, match=r"has no rows, and task custom names its output columns only when its code"):
+        run_gather(str(root / "plan.json"), [], inp, {"task": "custom"}, DIGEST, str(root / "p.parquet"),
+                   str(root / "s.json"))

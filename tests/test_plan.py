@@ -4,9 +4,10 @@ import json
 import os
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
-from factory import bytes_read, input_frame, write_input
+from factory import bytes_read, input_frame, write_empty_input, write_input
 from factory import input_settings as settings_for
 from shardinfer.input.formats import text_blocks as tables
 from shardinfer.errors import UserError
@@ -113,10 +114,17 @@ def test_changed_input_is_detected(tmp_path):
         plan.check_input_unchanged()
 
 
-def test_empty_input_is_refused(tmp_path):
-    path = write_input(input_frame(0), tmp_path / "in.csv")
-    with pytest.raises(UserError, match="has no rows"):
-        make_plan(settings_for(path), 2, 32)
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_an_input_without_rows_plans_empty_shards(tmp_path, suffix):
+    """A daily job on an empty split: no error, every shard empty, and the columns' types known
+    without a row (CSV reads every column as text)."""
+    path = write_empty_input(tmp_path / f"in{suffix}")
+    inp = settings_for(path)
+    plan = make_plan(inp, 2, 32)
+    assert (plan.rows, plan.ranges, plan.pieces) == (0, ((0, 0), (0, 0)), ((), ()))
+    empty = plan.no_rows(inp)
+    assert empty.num_rows == 0 and empty.schema.names == ["text", "id"]
+    assert empty.schema.field("id").type == pa.string()
 
 
 def test_null_texts_are_refused_with_count_and_first_rows(tmp_path):

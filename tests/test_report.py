@@ -21,7 +21,7 @@ from shardinfer.errors import UserError
 from shardinfer.proof.gather import ShardFile, run_facts, token_lengths
 from shardinfer.plan import Plan
 from shardinfer.report import (MAX_BARS, SHARD_COLUMNS, ReportFiles, html_table, load_seconds, rows_per_s,
-                               run_rows, shard_rows, show, write_report)
+                               run_rows, shard_columns, shard_rows, show, write_report)
 
 ITEMS = ("run.html", "shards.html", "rows_per_s.png", "stages.png", "token_lengths.png")
 PNG_SIZE = (800, 400)  # report.SIZE at report.DPI
@@ -184,3 +184,28 @@ def test_report_zip_holds_every_item(reported):
     rows = table_rows(shards_page)
     assert [int(row[2].replace(",", "")) for row in rows] == [s["rows"] for s in plan["shards"]]
     assert sum(int(row[2].replace(",", "")) for row in rows) == ROWS
+
+
+def custom_summary() -> dict:
+    """The made-up summary as a custom task's: costs in cost units, not texts in tokens."""
+    summary = made_up_summary()
+    summary["run"]["task"] = "custom"
+    return summary
+
+
+def test_report_items_fit_the_task(tmp_path):
+    """A custom task's rows are no texts: no token-length figure, no tokens or padding in its tables;
+    a text task (classify) keeps them."""
+    for summary, tokens in ((made_up_summary(), True), (custom_summary(), False)):
+        facts = [what for what, _ in run_rows(summary)]
+        assert ("padding ratio (tokens computed / real tokens)" in facts) is tokens
+        assert ("real tokens/s over the wall time" in facts) is tokens and "rows/s over the wall time" in facts
+        columns = shard_columns(summary)
+        assert ("padding ratio" in columns) is tokens and ("real tokens" in columns) is tokens
+        assert all(len(row) == len(columns) for row in shard_rows(summary))
+    assert shard_columns(made_up_summary()) == SHARD_COLUMNS
+    (tmp_path / "summary.json").write_text(json.dumps(custom_summary()))
+    files = report_files(tmp_path / "report")
+    write_report(str(tmp_path / "summary.json"), ReportFiles(**{**vars(files), "token_lengths": None}))
+    assert sorted(p.name for p in (tmp_path / "report").iterdir()) == sorted(set(ITEMS) - {"token_lengths.png"})
+    assert "padding ratio" not in (tmp_path / "report" / "shards.html").read_text()

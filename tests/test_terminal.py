@@ -50,3 +50,30 @@ def test_progress_logs_the_first_write_then_once_per_interval_and_the_last(caplo
 
 def test_eta_reads_like_a_person_would_say_it():
     assert [eta(s) for s in (4.4, 125, 12_000)] == ["4 s", "2 min 5 s", "3 h 20 min"]
+
+
+def two_runs_summary() -> dict:
+    """3 shards: shards 0 and 2 made by an earlier run (it failed on shard 1 at 1,000 s), shard 1
+    by this run, which began at 5,000 s: 20 rows in 2 s of its job."""
+    per_shard = [{"rows": 10, "real_tokens": 100, "started": 1000.0, "ended": 1003.0, "first_truncated_rows": []},
+                 {"rows": 20, "real_tokens": 300, "started": 5001.0, "ended": 5003.0, "first_truncated_rows": []},
+                 {"rows": 10, "real_tokens": 100, "started": 1001.0, "ended": 1004.0, "first_truncated_rows": []}]
+    run = {**SUMMARY["run"], "task": "classify", "rows_per_s": 0.01, "real_tokens_per_s": 0.1, "wall_s": 4003.0}
+    return {**SUMMARY, "rows": 40, "shards": 3, "truncated": 0, "per_shard": per_shard, "run": run}
+
+
+def test_after_a_partial_rerun_the_speed_is_this_runs_shards():
+    """The rate spans the shard jobs of this run, not the kept shards' earlier run, and says so."""
+    lines = summary_lines(two_runs_summary(), "p.parquet", "s.json", since=5000.0)
+    assert ("shardinfer: 1 of 3 shards ran in this run (2 kept from earlier runs): 10.0 rows/s, 150 tokens/s "
+            "over 2.0 s of this run's shard jobs (first start to last end); padding ratio 1.04") in lines[1]
+    everything = summary_lines(two_runs_summary(), "p.parquet", "s.json", since=900.0)
+    assert "0.0 rows/s, 0 tokens/s over 4,003.0 s of shard jobs (first start to last end)" in everything[1]
+    only_gather = summary_lines(two_runs_summary(), "p.parquet", "s.json", since=6000.0)
+    assert "no shard job ran in this run (3 kept from earlier runs" in only_gather[1]
+
+
+def test_a_custom_task_has_no_tokens_or_padding_on_the_terminal():
+    summary = {**SUMMARY, "truncated": 0, "run": {**SUMMARY["run"], "task": "custom"}}
+    line = summary_lines(summary, "p.parquet", "s.json")[1]
+    assert "123.5 rows/s over 8.1 s" in line and "tokens" not in line and "padding" not in line

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import reference
-from factory import input_frame, read_predictions, run_workflow, workflow_config, write_input
+from factory import input_frame, read_predictions, run_workflow, workflow_config, write_empty_input, write_input
 
 ATOL = 1e-5  # float32 on CPU: batched vs unbatched attention differs by ~1e-7
 
@@ -194,10 +194,20 @@ def test_classifier_without_trained_head_is_refused(models, tmp_path):
     assert_refused(result, tmp_path, "it has no trained classification head")
 
 
-def test_empty_input_is_an_error(models, tmp_path):
-    path = write_input(input_frame(0), tmp_path / "data" / "input.parquet")
+def test_an_input_without_rows_gives_an_empty_proven_table_and_a_warning(models, tmp_path):
+    """A daily job on an empty split: the run succeeds, no shard loads the model, and the table has the
+    index, the keep columns and the task's columns, and no row."""
+    path = write_empty_input(tmp_path / "data" / "input.parquet")
     result = run_workflow(tmp_path, workflow_config(path, models.classifier, shards=2))
-    assert_refused(result, tmp_path, "has no rows; there is nothing to run")
+    shown = result.stdout + result.stderr
+    assert result.returncode == 0, shown[-6000:]
+    table = pq.read_table(tmp_path / "results" / "predictions.parquet")
+    assert table.num_rows == 0 and table.schema.names == ["index", "id", "gold", "label", "label_id", "probs"]
+    assert json.loads((tmp_path / "results" / "summary.json").read_text())["rows"] == 0
+    assert "0 rows written to results/predictions.parquet, proven complete and in input order (2 shards, no rows)" in shown
+    assert f"shardinfer: WARNING the input had no rows ({path})" in shown
+    for shard in (0, 1):
+        assert "without loading the model" in (tmp_path / "logs" / "infer" / f"{shard}.log").read_text()
 
 
 def test_bad_config_is_reported_before_any_job(models, tmp_path):

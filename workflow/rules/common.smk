@@ -153,6 +153,26 @@ def metrics_items():
 
 
 METRICS_ITEMS = metrics_items()
+
+
+def token_items():
+    """The report's text-length figure, for a task whose rows are texts in tokens
+    (`Task.counts_tokens`); none for the others (custom), whose costs are no text lengths.
+    """
+    if not task_class(SETTINGS.model.task).counts_tokens:
+        return {}
+    return {
+        "token_lengths": report(
+            named_path("results/report/token_lengths.png"),
+            caption="../report/token_lengths.rst",
+            category="Input",
+            subcategory="Text lengths",
+            labels=report_labels({"item": "text lengths in tokens"}),
+        )
+    }
+
+
+TOKEN_ITEMS = token_items()
 # One tokenizer key for all inputs (shardinfer.rule_params.shared_tokenizer_key): a constant in the pattern.
 TOKENIZER_KEY = (
     shared_tokenizer_key([tokenizer_digest(run.settings) for run in INPUTS.values()])
@@ -198,7 +218,7 @@ def print_run_summary(predictions, summary):
         logs = named_path("logs/infer/<shard>.log").format(name=name)
         with open(written) as handle:
             lines += summary_lines(
-                json.load(handle), table, written, logs, report=False
+                json.load(handle), table, written, logs, report=False, since=STARTED
             )
     if lines:
         lines.append("shardinfer: figures and tables: snakemake --report report.zip")

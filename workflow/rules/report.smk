@@ -4,6 +4,8 @@ rule report_items:
     output:
         # With `evaluate:`, the scores' table and the confusion matrix (common.smk); none otherwise.
         **METRICS_ITEMS,
+        # For a task whose rows are texts in tokens, the text-length figure (common.smk); none otherwise.
+        **TOKEN_ITEMS,
         run=report(
             named_path("results/report/run.html"),
             caption="../report/run.rst",
@@ -31,13 +33,6 @@ rule report_items:
             category="Run",
             subcategory="Throughput",
             labels=report_labels({"item": "time per pipeline stage"}),
-        ),
-        token_lengths=report(
-            named_path("results/report/token_lengths.png"),
-            caption="../report/token_lengths.rst",
-            category="Input",
-            subcategory="Text lengths",
-            labels=report_labels({"item": "text lengths in tokens"}),
         ),
     log:
         named_path("logs/report.log"),

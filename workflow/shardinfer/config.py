@@ -102,6 +102,24 @@ class EvaluateSettings:
 
 
 @dataclass(frozen=True)
+class RowErrorSettings:
+    """`row_errors:`: whether an exception while predicting rows fails the shard (`fail`) or is
+    narrowed down to the failing rows and recorded in an `error` column (`record`), and how many
+    rows may fail in a shard: a count (>= 1), or a fraction (< 1) of its rows."""
+
+    mode: str = field(default_factory=lambda: defaults("row_errors")["mode"])
+    max: float = field(default_factory=lambda: defaults("row_errors")["max"])
+
+    @property
+    def record(self) -> bool:
+        return self.mode == "record"
+
+    def cap(self, rows: int) -> int:
+        """The most rows of a shard of `rows` rows that may fail."""
+        return int(self.max) if self.max >= 1 else int(self.max * rows)
+
+
+@dataclass(frozen=True)
 class Settings:
     input: InputSettings
     model: ModelSettings
@@ -111,6 +129,7 @@ class Settings:
     tokenize_ahead: bool = field(default_factory=lambda: defaults("tokenize")["ahead"])
     task_settings: dict = field(default_factory=dict)  # the config section named after the task (`embed:`)
     evaluate: EvaluateSettings = field(default_factory=EvaluateSettings)
+    row_errors: RowErrorSettings = field(default_factory=RowErrorSettings)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -125,6 +144,7 @@ class Settings:
             tokenize_ahead=bool(data["tokenize_ahead"]),
             task_settings=dict(data["task_settings"]),
             evaluate=EvaluateSettings(**(data.get("evaluate") or {})),
+            row_errors=RowErrorSettings(**(data.get("row_errors") or {})),
         )
 
 
@@ -179,7 +199,17 @@ def settings_from_config(config: dict, name: str | None = None) -> Settings:
         tokenize_ahead=config["tokenize"]["ahead"],
         task_settings=dict(config.get(model["task"]) or {}),
         evaluate=EvaluateSettings(**(config.get("evaluate") or {})),
+        row_errors=row_error_settings(config.get("row_errors") or {}),
     )
+
+
+def row_error_settings(section: dict) -> RowErrorSettings:
+    """`row_errors:`; a cap of 1 or more is a count of rows, so it must be whole."""
+    settings = RowErrorSettings(**section)
+    if settings.max >= 1 and settings.max != int(settings.max):
+        raise UserError(f"row_errors.max is a count of rows when 1 or more (a fraction of the shard's rows "
+                        f"below 1); got {settings.max!r}")
+    return settings
 
 
 def resolve_model_path(path: str) -> str:

@@ -7,6 +7,11 @@ class UserError(Exception):
     """Bad config, bad input or a failed proof: the message names the value and what is allowed."""
 
 
+class RowError(UserError):
+    """Predicting some rows failed in the task's own code or model (a user's hook raised): fatal by
+    default, narrowed down to the failing rows and recorded with `row_errors.mode: record`."""
+
+
 class ProofError(UserError):
     """Gather found shard files that do not add up to the input, row for row."""
 

@@ -31,7 +31,8 @@ import pyarrow as pa
 from shardinfer.atomic import write_json_atomic
 from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
-from shardinfer.input.parts import Part, PartsScan, Piece, check_same_parts, iter_pieces, scan_parts
+from shardinfer.input.formats import format_named
+from shardinfer.input.parts import Part, PartsScan, Piece, check_same_parts, iter_pieces, one_file, scan_parts
 from shardinfer.input.formats.base import Span
 from shardinfer.input.staging import stage_part, staged_name, wants_staging
 
@@ -111,6 +112,12 @@ class Plan:
         plan's types over all parts."""
         return iter_pieces(inp, self.pieces[shard], self.fields)
 
+    def no_rows(self, inp: InputSettings) -> pa.RecordBatch:
+        """The read columns without rows, in the types a read gives them (`Format.no_rows`, of the first
+        part): for the shard files of an input that has no rows, which no shard's rows can type."""
+        first = one_file(inp, self.parts[0].read_path)
+        return format_named(inp.format).no_rows(first, self.fields)
+
     def check_input_unchanged(self) -> None:
         """Refuse to use a plan whose input has changed since planning: a part added, removed or
         renamed (the input resolved again), or one of another size or mtime; or a staged copy
@@ -123,9 +130,9 @@ class Plan:
 def make_plan(inp: InputSettings, shards: int, max_length: int, staged_dir: str | None = None,
               overhead: int = 0) -> Plan:
     """Scan the input and cut it into `shards` ranges of about equal estimated cost (each row's
-    tokens plus the task's `overhead`, what its batches pay: `Task.plan_overhead`); an empty or
-    unusable input is refused. Parts that the shards could not read by range are staged into
-    `staged_dir` (`input.stage`; None: none is)."""
+    tokens plus the task's `overhead`, what its batches pay: `Task.plan_overhead`); an unusable
+    input is refused, one without rows gives empty shards. Parts that the shards could not read by
+    range are staged into `staged_dir` (`input.stage`; None: none is)."""
     scan = scan_parts(inp)
     check_rows(inp, scan)
     row_costs = estimated_tokens(scan.chars(), max_length) + overhead
@@ -163,9 +170,10 @@ def staged_parts(inp: InputSettings, parts: tuple[Part, ...], pieces: tuple[tupl
 
 
 def check_rows(inp: InputSettings, scan: PartsScan) -> None:
-    """Refuse an input without rows, or with null texts unless the config runs them as ""."""
+    """Refuse null texts unless the config runs them as "". An input without rows is no error (a daily
+    job on an empty split): every shard is empty, and gather proves and writes an empty table."""
     if scan.rows == 0:
-        raise UserError(f"input `{inp.path}` has no rows; there is nothing to run")
+        log.warning("WARNING input `%s` has no rows: every shard is empty, and the table will have none", inp.path)
     if scan.null_texts and inp.null_text == "error":
         listed = ", ".join(map(str, scan.first_null_rows()))
         named = " or ".join(f"{key} `{column}`" for column, key in zip(inp.task_columns, inp.column_keys)

@@ -18,6 +18,8 @@ from html import escape
 from pathlib import Path
 
 from shardinfer.errors import UserError
+from shardinfer.tasks import counts_tokens
+from shardinfer.terminal import failed_rows
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +33,10 @@ STRAGGLER = 0.75  # a shard under this share of the median rows/s is drawn in re
 MAX_BARS = 200  # more shards than this: each series is one filled outline, not a rectangle per shard
 SHARD_COLUMNS = ["shard", "range", "rows", "real tokens", "seconds", "rows/s", "load s", "padding ratio",
                  "bound by", "device"]
+# What only a task whose rows are texts in tokens has (`Task.counts_tokens`): left out for the others.
+TOKEN_COLUMNS = ("real tokens", "padding ratio")
+TOKEN_FACTS = ("real tokens/s over the wall time", "real tokens", "padding ratio (tokens computed / real tokens)",
+               "rows truncated")
 PAGE = """<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{title}</title><style>
 body {{ font-family: sans-serif; font-size: 14px; margin: 1em; }}
@@ -52,7 +58,7 @@ class ReportFiles:
     shards: str  # HTML: one row per shard
     rows_per_s: str  # PNG: rows/s per shard, stragglers in red
     stages: str  # PNG: busy seconds per pipeline stage, stacked per shard
-    token_lengths: str  # PNG: rows per token length, max_length marked
+    token_lengths: str | None = None  # PNG: rows per token length, max_length marked (None: not a text task)
     metrics: str | None = None  # HTML: the scores against the gold labels (`evaluate:`; None when off)
     confusion: str | None = None  # PNG: the confusion matrix (`evaluate:` on a task scored against labels)
 
@@ -80,23 +86,42 @@ def run_rows(summary: dict) -> list[list]:
     run = summary["run"]
     model = show(run.get("model")) + (f" + adapter {run['adapter']}" if run.get("adapter") else "")
     truncated = f"{run['truncated']:,} (cut at max_length {run['max_length']})"
-    return [
+    rows = [
         ["rows", run["rows"]], ["shards", run["shards"]], ["task", run["task"]], ["model", model],
         ["devices", "; ".join(run["devices"])], ["dtype", run["dtype"]],
         ["started", local_time(run["started"])], ["ended", local_time(run["ended"])],
-        ["wall time, s (first shard job's start to last shard's end)", run["wall_s"]],
+        ["wall time, s (first shard job's start to last shard's end, in whichever runs made them)", run["wall_s"]],
         ["rows/s over the wall time", run["rows_per_s"]],
         ["real tokens/s over the wall time", run["real_tokens_per_s"]],
         ["real tokens", run["real_tokens"]], ["padding ratio (tokens computed / real tokens)", run["padding_ratio"]],
-        ["rows truncated", truncated], ["input", summary.get("input")], ["plan id", summary.get("plan_id")],
+        ["rows truncated", truncated], *failed_rows_item(summary), ["input", summary.get("input")],
+        ["plan id", summary.get("plan_id")],
     ]
+    return rows if counts_tokens(run.get("task")) else [row for row in rows if row[0] not in TOKEN_FACTS]
+
+
+def failed_rows_item(summary: dict) -> list[list]:
+    """With row_errors: record, the rows that failed: how many, the first, and where they are."""
+    count, first = failed_rows(summary)
+    if not any("row_errors" in shard for shard in summary.get("per_shard") or []):
+        return []
+    where = f" (first rows: {', '.join(map(str, first))}; non-null `error` in the predictions)" if count else ""
+    return [["rows failed (row_errors: record)", f"{count:,}{where}"]]
+
+
+def shard_columns(summary: dict) -> list[str]:
+    """The shard table's columns: SHARD_COLUMNS, those in tokens only for a task that counts them."""
+    tokens = counts_tokens(summary["run"].get("task"))
+    return [name for name in SHARD_COLUMNS if tokens or name not in TOKEN_COLUMNS]
 
 
 def shard_rows(summary: dict) -> list[list]:
-    """One row per shard, in SHARD_COLUMNS order."""
-    return [[s["shard"], f"[{s['start']:,}, {s['end']:,})", s["rows"], s.get("real_tokens"), s.get("seconds"),
+    """One row per shard, in `shard_columns` order."""
+    shown = [SHARD_COLUMNS.index(name) for name in shard_columns(summary)]
+    rows = [[s["shard"], f"[{s['start']:,}, {s['end']:,})", s["rows"], s.get("real_tokens"), s.get("seconds"),
              rows_per_s(s), load_seconds(s), s.get("padding_ratio"), s.get("bound_by"), s.get("device")]
             for s in summary["per_shard"]]
+    return [[row[k] for k in shown] for row in rows]
 
 
 def show(value) -> str:
@@ -292,11 +317,13 @@ def write_report(summary_path: str, files: ReportFiles) -> None:
     summary = read_summary(summary_path)
     run, shards = summary["run"], summary["per_shard"]
     for path, page in ((files.run, html_table("Run at a glance", run_rows(summary))),
-                       (files.shards, html_table("Shards", shard_rows(summary), SHARD_COLUMNS))):
+                       (files.shards, html_table("Shards", shard_rows(summary), shard_columns(summary)))):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(page)
     plot_rows_per_s(shards, files.rows_per_s)
     plot_stages(shards, files.stages)
-    plot_token_lengths(summary.get("token_lengths") or {}, run["max_length"], run["truncated"], files.token_lengths)
+    if files.token_lengths is not None:  # a task whose rows are texts in tokens (report.smk asks for it then)
+        plot_token_lengths(summary.get("token_lengths") or {}, run["max_length"], run["truncated"],
+                           files.token_lengths)
     write_metrics(summary.get("metrics"), files)
     log.info("wrote the report items for %d shards: %s", len(shards), ", ".join(filter(None, vars(files).values())))

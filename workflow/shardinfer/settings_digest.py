@@ -70,6 +70,8 @@ def output_digest(settings: Settings) -> str:
     extra = task.identity(settings)  # e.g. the vLLM engine's version
     if extra:  # absent otherwise, so that the other tasks' digests stay as they were
         relevant["task"] = extra
+    if settings.row_errors.record:  # an `error` column; absent with the default, digests unchanged
+        relevant["row_errors"] = settings.row_errors.mode
     return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
 

@@ -10,32 +10,59 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from shardinfer.tasks import counts_tokens
+
 
 def summary_lines(summary: dict, predictions: str, summary_path: str, shard_logs: str = "logs/infer/<shard>.log",
-                  report: bool = True) -> list[str]:
+                  report: bool = True, since: float | None = None) -> list[str]:
     """One line each: rows written, throughput, then truncation and warnings when there are any, and
-    (`report`) where the figures are; `shard_logs` names the shard logs the truncation warning points to."""
+    (`report`) where the figures are; `shard_logs` names the shard logs the truncation warning points to.
+    `since`: when this Snakemake run began (epoch seconds), so that the throughput is that of the
+    shard jobs this run ran, not of shards kept from an earlier run (None: every shard is this run's)."""
     run = summary.get("run") or {}
     rows, shards = summary["rows"], summary["shards"]
     lines = [f"shardinfer: {rows:,} rows written to {predictions}, proven complete and in input order "
-             f"({shards} shard{'s' if shards != 1 else ''}, index 0..{rows - 1})"]
-    if run.get("rows_per_s") is not None:
-        padding = "" if run.get("task") == "custom" else f"padding ratio {run['padding_ratio']}; "
-        lines.append(f"shardinfer: {throughput(run)} over {run['wall_s']:,.1f} s of shard jobs (first start to last "
-                     f"end); {padding}{', '.join(run['devices'])}, {run['dtype']}")
+             f"({shards} shard{'s' if shards != 1 else ''}, {f'index 0..{rows - 1}' if rows else 'no rows'})"]
+    if run.get("rows_per_s") is not None and rows:  # no rows: no speed to tell (the warning says why)
+        padding = f"padding ratio {run['padding_ratio']}; " if counts_tokens(run.get("task")) else ""
+        lines.append(f"shardinfer: {speed_in_this_run(summary, since)}; {padding}{', '.join(run['devices'])}, "
+                     f"{run['dtype']}")
     metrics = summary.get("metrics")
     if metrics:
         lines.append(f"shardinfer: {headline(metrics)}")
+    failed = row_errors_line(summary, predictions)
+    lines.extend([failed] if failed else [])
     lines.extend(warnings(summary, summary_path, shard_logs))
     if report:
         lines.append("shardinfer: figures and tables: snakemake --report report.zip")
     return lines
 
 
+def speed_in_this_run(summary: dict, since: float | None) -> str:
+    """The throughput of the shard jobs this run ran (those that started at `since` or later), from
+    the first one's start to the last one's end; the summary's own figures when it ran them all. After
+    a partial rerun the kept shards' jobs ran in an earlier run: their time is not this run's."""
+    run, shards = summary["run"], summary.get("per_shard") or []
+    ran = [s for s in shards if since is None or (s.get("started") is not None and s["started"] >= since)]
+    if len(ran) == len(shards):
+        return f"{throughput(run)} over {run['wall_s']:,.1f} s of shard jobs (first start to last end)"
+    kept = f"{len(shards) - len(ran):,} kept from earlier runs"
+    if not ran or any(s.get("ended") is None for s in ran):
+        return f"no shard job ran in this run ({kept}; each shard's own seconds are in per_shard)"
+    wall = max(s["ended"] for s in ran) - min(s["started"] for s in ran)
+    rows, real = sum(s["rows"] for s in ran), sum(s.get("real_tokens") or 0 for s in ran)
+    rates = {"task": run.get("task"), "rows_per_s": rows / wall if wall else 0.0,
+             "real_tokens_per_s": real / wall if wall else 0.0}
+    if any("generated_tokens" in s for s in ran):
+        rates["generated_tokens_per_s"] = sum(s.get("generated_tokens") or 0 for s in ran) / wall if wall else 0.0
+    return (f"{len(ran):,} of {len(shards):,} shards ran in this run ({kept}): {throughput(rates)} over "
+            f"{wall:,.1f} s of this run's shard jobs (first start to last end)")
+
+
 def throughput(run: dict) -> str:
     """rows/s, and for the text tasks tokens/s (and generated tokens/s)."""
     text = f"{run['rows_per_s']:,.1f} rows/s"
-    if run.get("task") == "custom":
+    if not counts_tokens(run.get("task")):
         return text
     text += f", {run['real_tokens_per_s']:,.0f} tokens/s"
     if run.get("generated_tokens_per_s") is not None:
@@ -73,6 +100,9 @@ def unscored_gold(metrics: dict, summary_path: str) -> str | None:
 def warnings(summary: dict, summary_path: str, shard_logs: str) -> Iterator[str]:
     """What a user must not miss: truncated texts, gold values left unscored and a run that used no GPU."""
     run = summary.get("run") or {}
+    if not summary["rows"]:
+        yield (f"shardinfer: WARNING the input had no rows ({summary.get('input')}): the table holds its columns "
+               "and no row")
     unscored = unscored_gold(summary["metrics"], summary_path) if summary.get("metrics") else None
     if unscored:
         yield unscored
@@ -86,3 +116,19 @@ def warnings(summary: dict, summary_path: str, shard_logs: str) -> Iterator[str]
     if devices and all(device.startswith("cpu") for device in devices):
         yield ("shardinfer: WARNING no GPU was used: every shard ran on the CPU (no CUDA device was visible to "
                "the jobs)")
+
+
+def failed_rows(summary: dict) -> tuple[int, list[int]]:
+    """Rows that failed and were recorded (row_errors: record) over all shards, and the first ones."""
+    shards = summary.get("per_shard") or []
+    first = sorted(row for shard in shards for row in shard.get("first_row_errors") or [])
+    return sum(shard.get("row_errors") or 0 for shard in shards), first[:10]
+
+
+def row_errors_line(summary: dict, predictions: str) -> str | None:
+    """The warning for rows whose prediction failed and was recorded (row_errors: record), if any."""
+    count, first = failed_rows(summary)
+    if not count:
+        return None
+    return (f"shardinfer: WARNING {count:,} of {summary['rows']:,} rows failed (first rows: "
+            f"{', '.join(map(str, first))}); their `error` column says why: {predictions}")

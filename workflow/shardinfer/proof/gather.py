@@ -26,13 +26,14 @@ from shardinfer.atomic import atomic_parquet_writer, write_json_atomic
 from shardinfer.config import EvaluateSettings, InputSettings
 from shardinfer.metrics import check_gold, score_predictions
 from shardinfer.proof.content_digest import CONTENT_KEY, ContentHasher
-from shardinfer.errors import ProofError
+from shardinfer.errors import ProofError, UserError
 from shardinfer.shard.row_files import prove_files, refuse_unlisted, staging_folder
 from shardinfer.input.identity import digest_alongside
 from shardinfer.input.parts import Part, one_file
 from shardinfer.plan import Plan, read_plan
 from shardinfer.proof.shard_file import FILE_TYPE, IDENTITY_KEY, INDEX_COLUMN, STATS_KEY
 from shardinfer.input.scan import count_rows
+from shardinfer.tasks import TASKS, task_class
 from shardinfer.terminal import headline
 
 log = logging.getLogger(__name__)
@@ -241,7 +242,8 @@ def write_predictions(shards: list[ShardFile], plan: Plan, digest: str, path: st
     """Concatenate proven shards in index order, one row group at a time. A shard whose values or
     pages fail their check raises inside the atomic write: nothing takes the final name."""
     metadata = {IDENTITY_KEY: json.dumps({"plan_id": plan.plan_id, "digest": digest, "rows": plan.rows}).encode()}
-    schema = next(s for s in shards if s.rows).schema.with_metadata(metadata)
+    # An input without rows: the empty shards' columns, the task's declared ones (`refuse_no_columns`).
+    schema = next((s for s in shards if s.rows), shards[0]).schema.with_metadata(metadata)
     with atomic_parquet_writer(path, schema) as writer:
         for shard in shards:
             for table in verified_row_groups(shard):
@@ -323,6 +325,14 @@ def summarize(plan: Plan, shards: list[ShardFile], inp: InputSettings, model: di
     }
 
 
+def refuse_no_columns(plan: Plan, task: str | None) -> None:
+    """An input without rows gives a table of the task's declared columns (`Task.outputs`); a task
+    whose columns are known only once its code loads in a shard job with rows (custom) has none."""
+    if plan.rows == 0 and task in TASKS and not task_class(task).outputs:
+        raise UserError(f"input `{plan.input_path}` has no rows, and task {task} names its output columns only "
+                        "when its code loads for rows: there is no table to write")
+
+
 def run_gather(plan_path: str, shard_paths: list[str], inp: InputSettings, model: dict, digest: str,
                predictions: str, summary: str, files_folders: list[str] | None = None,
                evaluate: EvaluateSettings | None = None) -> dict:
@@ -330,7 +340,10 @@ def run_gather(plan_path: str, shard_paths: list[str], inp: InputSettings, model
     the table's scores against `evaluate.label_column` when set. `files_folders`: each shard's files
     folder (results/files/<shard>) when the task may write files."""
     plan = read_plan(plan_path)
+    refuse_no_columns(plan, model.get("task"))
     shards = prove(plan, shard_paths, inp, digest, files_folders)
+    if not plan.rows:
+        log.warning("WARNING input `%s` has no rows: the table has its columns and no row", plan.input_path)
     log.info("proof holds: %d shards, %d rows, index 0..%d in order, input unchanged", plan.shards, plan.rows, plan.rows - 1)
     gold = evaluate.label_column if evaluate else None
     if gold:  # a gold column it cannot score is refused before anything is written

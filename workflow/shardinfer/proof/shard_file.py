@@ -20,6 +20,7 @@ import re
 import pyarrow as pa
 
 INDEX_COLUMN = "index"
+ERROR_COLUMN = "error"  # row_errors: record: a failed row's exception ("Type: message"), null for the others
 IDENTITY_KEY = b"shardinfer"  # the plan, range and settings the file was made under
 STATS_KEY = b"shardinfer.stats"  # rows, time, device, tokens
 FILE_PREFIX = "file:"
@@ -55,10 +56,12 @@ def arrow_type(spec: str) -> pa.DataType:
     return SCALAR_TYPES[spec]
 
 
-def shard_schema(outputs: dict[str, str], keep: pa.Schema, identity: dict) -> pa.Schema:
-    """index, the keep columns, then the task's outputs, with the identity in the metadata."""
+def shard_schema(outputs: dict[str, str], keep: pa.Schema, identity: dict, errors: bool = False) -> pa.Schema:
+    """index, the keep columns, then the task's outputs (then `error`, with row_errors: record), with
+    the identity in the metadata."""
     fields = [pa.field(INDEX_COLUMN, pa.int64()), *keep,
-              *(pa.field(name, arrow_type(spec)) for name, spec in outputs.items())]
+              *(pa.field(name, arrow_type(spec)) for name, spec in outputs.items()),
+              *([pa.field(ERROR_COLUMN, pa.string())] if errors else [])]
     return pa.schema(fields, metadata={IDENTITY_KEY: json.dumps(identity).encode()})
 
 

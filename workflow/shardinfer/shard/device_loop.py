@@ -4,13 +4,15 @@ rows' order whatever their shape.
 Batches are cut by cost (length-sorted, `shardinfer.shard.batching`) and their host inputs built ahead
 in a worker. On the device thread a batch's results are collected only after the next batch is
 queued, so the device has work while the host stores results. A batch that runs out of device
-memory is halved and retried, down to a single row.
+memory is halved and retried, down to a single row. With `row_errors.mode: record` (a `RowErrors`
+passed in) any exception while predicting is narrowed down the same way: halves are retried until
+each failing row stands alone, and its error is recorded instead of failing the shard.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -18,7 +20,7 @@ import pyarrow as pa
 import torch
 
 from shardinfer.config import BatchSettings
-from shardinfer.errors import UserError
+from shardinfer.errors import RowError, UserError
 from shardinfer.tasks.base import Task, Window
 
 log = logging.getLogger(__name__)
@@ -72,40 +74,101 @@ def start_copy_back(outputs: dict, device: torch.device) -> CopyBack:
     return CopyBack(host, done)
 
 
-def predict_splitting(task: Task, window: Window, positions: np.ndarray, batch: Any, device: torch.device):
+@dataclass
+class RowErrors:
+    """`row_errors.mode: record`: a shard's failed rows (those of the window in flight by position),
+    and the predict calls spent beyond the planned batches (isolating failures, halving on OOM)."""
+
+    shard: int
+    cap: int  # the most rows that may fail in the shard (row_errors.max)
+    window: dict[int, str] = field(default_factory=dict)  # window position -> "Type: message"
+    count: int = 0
+    first_rows: list[int] = field(default_factory=list)
+    first_error: str | None = None
+    calls: int = 0
+    planned: int = 0
+
+    def record(self, row: int, position: int, message: str) -> None:
+        self.window[position] = message
+        self.count += 1
+        self.first_rows = sorted([*self.first_rows, row])[:10]
+        self.first_error = self.first_error or f"row {row}: {message}"
+        log.warning("row %d failed and is recorded (row_errors: record): %s", row, message)
+        if self.count > self.cap:
+            raise UserError(f"shard {self.shard}: {self.count} rows failed, more than row_errors.max allows "
+                            f"({self.cap}); first rows: {', '.join(map(str, self.first_rows))}; first error: "
+                            f"{self.first_error:.300}")
+
+    def take_window(self) -> dict[int, str]:
+        window, self.window = self.window, {}
+        return window
+
+    def stats(self) -> dict:
+        return {"row_errors": self.count, "first_row_errors": self.first_rows,
+                "row_error_calls": self.calls - self.planned}
+
+
+def describe(error: BaseException) -> str:
+    """"Type: message" of the exception the task's code raised (a custom hook's, inside the task's
+    one-line RowError): a string, so that no traceback keeps the failed batch alive."""
+    cause = error.__cause__ if isinstance(error, RowError) and error.__cause__ is not None else error
+    return f"{type(cause).__name__}: {cause}"
+
+
+def is_row_error(error: BaseException) -> bool:
+    """What record narrows down: any exception but the workflow's own refusals (a UserError that is
+    not a RowError) and interrupts (BaseException, not Exception)."""
+    return isinstance(error, Exception) and (isinstance(error, RowError) or not isinstance(error, UserError))
+
+
+def predict_splitting(task: Task, window: Window, positions: np.ndarray, batch: Any, device: torch.device,
+                      errors: RowErrors | None = None):
     """Yield (positions, CopyBack); a batch that runs out of device memory is halved and retried.
 
-    Down to a single row: if that still does not fit, the job fails naming the row.
+    Down to a single row: if that still does not fit, the job fails naming the row. With `errors`
+    (record), any other exception splits the batch too, and a single row that fails is recorded.
     """
+    failure = None
     try:
+        if errors is not None:
+            errors.calls += 1
         batch = batch if batch is not None else task.collate(window, positions)
         outputs = task.predict(batch)
-    except torch.OutOfMemoryError:
-        outputs = None
+    except torch.OutOfMemoryError as error:
+        outputs, failure = None, describe(error) if errors is not None else None
+    except Exception as error:
+        if errors is None or not is_row_error(error):
+            raise
+        outputs, failure = None, describe(error)
     if outputs is not None:
         yield positions, start_copy_back(outputs, device)
         return
     batch = None  # outside `except`, whose traceback would keep the failed batch alive
     if device.type == "cuda":
         torch.cuda.empty_cache()
+    if len(positions) == 1 and failure is not None:
+        errors.record(window.first + int(positions[0]), int(positions[0]), failure)
+        return
     if len(positions) == 1:
         row, cost = window.first + int(positions[0]), int(window.costs[positions[0]])
         lower = "model.max_length" if task.cost_unit == "tokens" else "what your code needs per row (model.options)"
         raise UserError(f"row {row} ({cost} {task.cost_unit}) does not fit in device memory even alone; "
                         f"lower {lower} or use a device with more memory")
-    log.warning("out of memory on a batch of %d rows (highest cost %d %s); splitting it in two", len(positions),
+    log.warning("%s on a batch of %d rows (highest cost %d %s); splitting it in two",
+                "out of memory" if failure is None else failure.split(":")[0], len(positions),
                 int(window.costs[positions].max()), task.cost_unit)
     half = len(positions) // 2
-    yield from predict_splitting(task, window, positions[:half], None, device)
-    yield from predict_splitting(task, window, positions[half:], None, device)
+    yield from predict_splitting(task, window, positions[:half], None, device, errors)
+    yield from predict_splitting(task, window, positions[half:], None, device, errors)
 
 
 class Collected:
     """Per-batch results put back in row order: arrays of one shape are stacked, anything else
     (ragged arrays, strings, bytes) becomes a list with one value per row."""
 
-    def __init__(self, rows: int) -> None:
+    def __init__(self, rows: int, failed: tuple[int, ...] = ()) -> None:
         self.rows = rows
+        self.failed = failed  # positions without results (row_errors: record)
         self.positions: list[np.ndarray] = []
         self.values: dict[str, list] = {}
 
@@ -117,11 +180,12 @@ class Collected:
             self.values.setdefault(name, []).append(values)
 
     def in_row_order(self) -> dict[str, np.ndarray | list]:
+        """The results of the rows that have them, in row order (all rows but the failed ones)."""
         order = np.concatenate(self.positions) if self.positions else np.zeros(0, dtype=np.int64)
-        if len(order) != self.rows or len(np.unique(order)) != self.rows:
+        every = np.concatenate([order, np.asarray(self.failed, dtype=np.int64)])
+        if len(every) != self.rows or len(np.unique(every)) != self.rows:
             raise UserError(f"the batches of a window of {self.rows} rows returned results for {len(order)}")
-        inverse = np.empty(self.rows, dtype=np.int64)
-        inverse[order] = np.arange(self.rows)
+        inverse = np.argsort(order, kind="stable")
         return {name: _reorder(chunks, inverse) for name, chunks in self.values.items()}
 
 
@@ -133,15 +197,19 @@ def _reorder(chunks: list, inverse: np.ndarray) -> np.ndarray | list:
     return [flat[i] for i in inverse]
 
 
-def predict_window(task: Task, prepared: Prepared, device: torch.device) -> dict[str, np.ndarray | list]:
-    """Run one window's batches on the device; results come back in the rows' order."""
-    collected = Collected(prepared.window.rows)
-    in_flight = None
+def predict_window(task: Task, prepared: Prepared, device: torch.device,
+                   errors: RowErrors | None = None) -> dict[str, np.ndarray | list]:
+    """Run one window's batches on the device; results come back in the rows' order (with `errors`,
+    those of the rows that did not fail; the failed ones are in `errors.window`)."""
+    collected, in_flight = Collected(prepared.window.rows), None
     for planned, batch in prepared.batches:
-        for done in predict_splitting(task, prepared.window, planned, batch, device):
+        if errors is not None:
+            errors.planned += 1
+        for done in predict_splitting(task, prepared.window, planned, batch, device, errors):
             if in_flight is not None:
                 collected.add(in_flight[0], in_flight[1].ready())
             in_flight = done
     if in_flight is not None:
         collected.add(in_flight[0], in_flight[1].ready())
+    collected.failed = tuple(errors.window) if errors is not None else ()
     return collected.in_row_order()

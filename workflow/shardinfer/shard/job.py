@@ -28,7 +28,7 @@ import torch
 from shardinfer.atomic import atomic_parquet_writer
 from shardinfer.config import Settings
 from shardinfer.proof.content_digest import ContentHasher
-from shardinfer.shard.device_loop import predict_window, prepare_batches
+from shardinfer.shard.device_loop import RowErrors, predict_window, prepare_batches
 from shardinfer.errors import UserError
 from shardinfer.shard.row_files import ShardFiles, staged_files
 from shardinfer.shard.lease import Lease, acquire_device, default_wait_s
@@ -36,7 +36,7 @@ from shardinfer.shard.models import choose_device, choose_dtype
 from shardinfer.shard.pipeline import Pipeline
 from shardinfer.plan import Plan, read_plan
 from shardinfer.shard.progress import Progress
-from shardinfer.proof.shard_file import STATS_KEY, file_columns, shard_schema
+from shardinfer.proof.shard_file import ERROR_COLUMN, STATS_KEY, file_columns, shard_schema
 from shardinfer.input.parts import windows
 from shardinfer.tasks import engine_class, task_class
 from shardinfer.tasks.base import LoadContext, Task, Window
@@ -88,10 +88,14 @@ class Counters:
 def keep_schema_of(settings: Settings, plan: Plan, shard: int) -> pa.Schema:
     """The keep columns' types, read from the input's own schema: the fields after the task's
     columns (by position, as the text column may be kept too and then appears twice). Read at the
-    shard's first rows (an empty shard: the first shard's with rows), so JSONL types come from the
-    plan, not from another pass over the file; every part has the same types (`shardinfer.input.parts`)."""
-    with_rows = shard if plan.pieces[shard] else next(k for k, pieces in enumerate(plan.pieces) if pieces)
-    _, first = next(plan.shard_rows(settings.input, with_rows))
+    shard's first rows (an empty shard: the first shard's with rows; an input without rows: the
+    types its first part names, `Plan.no_rows`), so JSONL types come from the plan, not from another
+    pass over the file; every part has the same types (`shardinfer.input.parts`)."""
+    with_rows = shard if plan.pieces[shard] else next((k for k, pieces in enumerate(plan.pieces) if pieces), None)
+    if with_rows is None:
+        first = plan.no_rows(settings.input)
+    else:
+        _, first = next(plan.shard_rows(settings.input, with_rows))
     return pa.schema(list(first.schema)[len(settings.input.task_columns):])
 
 
@@ -160,21 +164,42 @@ class Writer:
     counters: Counters
     progress: Progress
     content: ContentHasher = field(default_factory=ContentHasher)
+    record: bool = False  # row_errors: record (an `error` column last)
 
-    def __call__(self, item: tuple[int, pa.Table, dict]) -> None:
-        first, keep, results = item
+    def __call__(self, item: tuple[int, pa.Table, dict, dict[int, str]]) -> None:
+        first, keep, results, failed = item
         index = np.arange(first, first + keep.num_rows, dtype=np.int64)
+        ok = np.ones(keep.num_rows, dtype=bool)
+        ok[list(failed)] = False
+        if not ok.any():  # every row of the window failed (row_errors: record)
+            arrays = [pa.nulls(keep.num_rows, self.schema.field(name).type) for name in self.task.outputs]
+        else:
+            arrays = self.outputs(results, index[ok])
+            arrays = [with_nulls(array, ok) for array in arrays] if failed else arrays
+        if self.record:  # row_errors: record: the `error` column
+            arrays.append(pa.array([failed.get(k) for k in range(keep.num_rows)], pa.string()))
+        table = pa.Table.from_arrays([pa.array(index), *keep.columns, *arrays], schema=self.schema)
+        self.writer.write_table(table)
+        self.content.update(table)
+        self.counters.rows += keep.num_rows
+        self.progress.advance(keep.num_rows)
+
+    def outputs(self, results: dict, index: np.ndarray) -> list:
+        """The task's columns for the rows in `index` (those with results), file columns written."""
         arrays = self.task.to_arrow(results, index)
         for position, name in enumerate(self.task.outputs):
             if name in (self.files.suffixes if self.files else {}):
                 values = arrays[position]
                 values = values.to_pylist() if isinstance(values, pa.Array) else list(values)
                 arrays[position] = self.files.write(name, values, index)
-        table = pa.Table.from_arrays([pa.array(index), *keep.columns, *arrays], schema=self.schema)
-        self.writer.write_table(table)
-        self.content.update(table)
-        self.counters.rows += keep.num_rows
-        self.progress.advance(keep.num_rows)
+        return arrays
+
+
+def with_nulls(values, ok: np.ndarray) -> pa.Array:
+    """A column of the rows that succeeded, spread over all the window's rows: null where `ok` is not."""
+    values = values if isinstance(values, (pa.Array, pa.ChunkedArray)) else pa.array(values)
+    take = pa.array(np.cumsum(ok) - 1, mask=~ok)
+    return values.take(take)
 
 
 def shard_layout(job: ShardJob, plan: Plan, outputs: dict[str, str]) -> tuple[pa.Schema, dict[str, str]]:
@@ -185,7 +210,11 @@ def shard_layout(job: ShardJob, plan: Plan, outputs: dict[str, str]) -> tuple[pa
         raise UserError(f"task `{job.settings.model.task}` declares file column(s) {sorted(suffixes)} but shard "
                         f"{job.shard}'s job has no files folder (ShardJob.files) to write them to")
     keep = keep_schema_of(job.settings, plan, job.shard)
-    return shard_schema(outputs, keep, shard_identity(job, plan, outputs)), suffixes
+    if job.settings.row_errors.record and ERROR_COLUMN in [*outputs, *keep.names]:
+        raise UserError(f"a column `{ERROR_COLUMN}` (an output of task `{job.settings.model.task}` or a keep column) "
+                        "clashes with the one row_errors.mode: record adds; rename it")
+    schema = shard_schema(outputs, keep, shard_identity(job, plan, outputs), job.settings.row_errors.record)
+    return schema, suffixes
 
 
 def write_shard(job: ShardJob, plan: Plan, runtime: Runtime, began: float) -> dict:
@@ -200,6 +229,7 @@ def write_shard(job: ShardJob, plan: Plan, runtime: Runtime, began: float) -> di
     start, end = plan.ranges[job.shard]
     schema, suffixes = shard_layout(job, plan, task.outputs)
     counters, started, columns = Counters(), time.perf_counter(), len(settings.input.task_columns)
+    errors = RowErrors(job.shard, settings.row_errors.cap(end - start)) if settings.row_errors.record else None
 
     def prepare(item):
         first, task_part, keep = split_columns(item, columns)
@@ -215,16 +245,18 @@ def write_shard(job: ShardJob, plan: Plan, runtime: Runtime, began: float) -> di
     with (staged_files(job.files, suffixes) as files,
           atomic_parquet_writer(job.output, schema, files and files.commit) as writer,
           torch.inference_mode(), Pipeline() as pipeline):
-        write = Writer(writer, schema, task, files, counters, Progress(end - start))
+        write = Writer(writer, schema, task, files, counters, Progress(end - start), record=errors is not None)
         prepared = pipeline.map("batch", batch, pipeline.map(task.prepare_stage, prepare,
                                                              pipeline.source("read", read_windows(job, plan))))
         output = pipeline.sink("write", write)
         for window in pipeline.drain("device", prepared):
-            results = predict_window(task, window, runtime.device)
-            pipeline.put(output, (window.window.first, window.keep, results))  # not the window's inputs
+            results = predict_window(task, window, runtime.device, errors)
+            failed = errors.take_window() if errors is not None else {}
+            pipeline.put(output, (window.window.first, window.keep, results, failed))  # not the window's inputs
         pipeline.finish(output)
         log.info("%s", pipeline.report())
         stats = counters.stats(time.perf_counter() - started, runtime)
+        stats.update(errors.stats() if errors is not None else {})
         stats.update(bound_by=pipeline.bottleneck().name, stages=pipeline.busy_seconds(), started=round(began, 3),
                      ended=round(time.time(), 3))
         writer.add_key_value_metadata({STATS_KEY: json.dumps(stats), **write.content.metadata()})
@@ -263,6 +295,9 @@ def run_shard(job: ShardJob) -> dict:
         stats = write_shard(job, plan, start_runtime(job, lease), began)
     finally:
         lease.release()
+    if stats.get("row_errors"):
+        log.warning("%d row(s) failed and are recorded in the `error` column (first rows: %s); %d extra predict "
+                    "call(s) isolated them", stats["row_errors"], stats["first_row_errors"], stats["row_error_calls"])
     if stats["truncated"]:
         log.info("%d text(s) longer than max_length=%d were truncated (first rows: %s)",
                  stats["truncated"], job.settings.model.max_length, stats["first_truncated_rows"])

@@ -25,7 +25,7 @@ import pyarrow as pa
 from shardinfer.atomic import fsync_folder, partial_path
 from shardinfer.errors import ProofError, UserError
 from shardinfer.input.identity import file_digest
-from shardinfer.proof.shard_file import FILE_TYPE, INDEX_COLUMN, file_name
+from shardinfer.proof.shard_file import ERROR_COLUMN, FILE_TYPE, INDEX_COLUMN, file_name
 
 
 SNAKEMAKE_MARKER = ".snakemake_timestamp"  # Snakemake's own mark in a directory() output
@@ -108,11 +108,15 @@ def staged_files(folder: str | None, suffixes: dict[str, str]) -> Iterator[Shard
 
 def prove_files(table: pa.Table, folder: str, suffixes: dict[str, str]) -> set[str]:
     """Every row that names a file has exactly that file: its own name (by index), size and SHA-256.
+    A failed row (row_errors: record, its `error` set) has no file by design, and must name none.
     Returns the names seen, so the caller can refuse files no row names. Raises ProofError naming the row."""
     index = table.column(INDEX_COLUMN).to_numpy()
+    errors = table.column(ERROR_COLUMN).to_pylist() if ERROR_COLUMN in table.column_names else [None] * len(index)
     seen = set()
     for column in suffixes:
-        for row, value in zip(index.tolist(), table.column(column).to_pylist()):
+        for row, value, error in zip(index.tolist(), table.column(column).to_pylist(), errors):
+            if value is not None and error is not None:
+                raise ProofError(f"row {row} failed (its `{ERROR_COLUMN}` is set) but column `{column}` names a file")
             if value is None:
                 continue
             name = expected_name(row, column, suffixes)

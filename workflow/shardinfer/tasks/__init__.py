@@ -50,3 +50,9 @@ def output_columns(task: str) -> tuple[str, ...]:
 def may_write_files(task: str) -> bool:
     """Whether the task's outputs may include file columns (then each shard gets a files folder)."""
     return bool(getattr(task_class(task), "writes_files", False))
+
+
+def counts_tokens(task: str | None) -> bool:
+    """Whether the task's rows are texts measured in tokens (`Task.counts_tokens`), for the report and
+    the terminal; a summary that names no known task (an older one) counts as text."""
+    return task not in TASKS or task_class(task).counts_tokens

@@ -17,7 +17,9 @@ Before any job, when the Snakefile loads, two classmethods that import no torch:
 `prepare` and `collate` run in background workers, `predict` on the device thread, `to_arrow` in
 the writer. Batching is the runner's: rows are sorted by cost and cut under `batch.max_tokens`
 (rows x the batch's highest cost) and `batch.max_rows`, and results are put back in row order.
-A batch that runs out of device memory is halved and retried.
+A batch that runs out of device memory is halved and retried. With `row_errors.mode: record`,
+any exception while predicting halves the batch too, down to the rows that fail alone: those
+get null outputs and their error (`shardinfer.shard.device_loop`).
 
 A task owns the config section named after it (`embed:`, `generate:`), handed to it as
 `settings.task_settings`; the shard digest takes the task's section (with `model:`, the input's
@@ -88,6 +90,10 @@ class Task:
     name: ClassVar[str]  # its settings, if any, are the config section of that name
     outputs: dict[str, str]  # output column -> type string, in output order
     cost_unit: ClassVar[str] = "tokens"
+    # Whether its rows are texts measured in tokens, so that the stats' real and padded tokens, the
+    # truncation at max_length and the token-length histogram describe them (the report's text-length
+    # figure, tokens/s and padding ratio); False (custom): costs in `cost_unit`, none of those shown.
+    counts_tokens: ClassVar[bool] = True
     # Its model.path may be any folder of the user's (custom): every file below it enters the shard
     # digest, not only those directly in it (a Hugging Face folder is flat).
     model_files_below: ClassVar[bool] = False

@@ -29,7 +29,7 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 
-from shardinfer.errors import UserError
+from shardinfer.errors import RowError, UserError
 from shardinfer.proof.shard_file import INDEX_COLUMN, arrow_type, file_suffix
 from shardinfer.config import Settings
 from shardinfer.tasks.base import LoadContext, Task, TaskInputs, Window, matrix_to_list_array, tokenize_ahead_refused
@@ -74,11 +74,11 @@ def check_entrypoint(entrypoint: str | None) -> None:
         raise UserError(f"model.entrypoint `{entrypoint}`: module `{source}` cannot be imported here")
 
 
-def _hook_error(entrypoint: str, what: str, error: BaseException) -> UserError:
+def _hook_error(entrypoint: str, what: str, error: BaseException, kind: type = UserError) -> UserError:
     """The hook's own traceback into the shard log; one line for the terminal."""
     log.error("traceback of your code (model.entrypoint `%s`):\n%s", entrypoint,
               "".join(traceback.format_exception(error)).rstrip())
-    return UserError(f"model.entrypoint `{entrypoint}`: {what}: {type(error).__name__}: {error} "
+    return kind(f"model.entrypoint `{entrypoint}`: {what}: {type(error).__name__}: {error} "
                      "(traceback in this shard's log)")
 
 
@@ -116,6 +116,7 @@ class Custom(Task):
     outputs: dict[str, str] = {}  # known once the user's code is loaded
     writes_files = True  # its outputs may declare file columns
     cost_unit = "cost units"
+    counts_tokens = False
     model_files_below = True
 
     @classmethod
@@ -195,7 +196,7 @@ class Custom(Task):
         except torch.OutOfMemoryError:
             raise  # the runner halves the batch
         except Exception as error:
-            raise _hook_error(self.entrypoint, f"predict failed on {rows}", error) from error
+            raise _hook_error(self.entrypoint, f"predict failed on {rows}", error, RowError) from error
         return self.checked(results, len(index), rows)
 
     def checked(self, results: Any, count: int, rows: str) -> dict[str, Any]:

@@ -274,6 +274,9 @@ class VllmGenerate(Generate):
     def check_settings(cls, settings) -> None:
         """Task generate's checks, then the engine's: installed, and what it is handed it can take."""
         super().check_settings(settings)
+        if settings.row_errors.record:
+            raise UserError("row_errors.mode: record is not supported with generate.engine: vllm, whose engine "
+                            "takes a window of rows whole; use row_errors.mode: fail or generate.engine: transformers")
         check_vllm_settings(settings.model.path, settings.model.adapter, settings.task_settings)
 
     @classmethod

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Iterator
 import pyarrow as pa
 
 from shardinfer.errors import UserError
-from shardinfer.input.formats.base import Format, Mark, Span, conform, select, widened_fields
+from shardinfer.input.formats.base import Format, Mark, Span, conform, empty_batch, select, widened_fields
 
 if TYPE_CHECKING:  # the settings are read, never built here: config builds them through discovery
     from shardinfer.config import InputSettings
@@ -52,6 +52,9 @@ class Arrow(Format):
         with self.reading(path), pa.memory_map(path) as source:
             reader = pa.ipc.open_file(source) if _kind(path) == "file" else pa.ipc.open_stream(source)
             return reader.schema
+
+    def no_rows(self, inp: InputSettings, fields: pa.Schema | None = None) -> pa.RecordBatch:
+        return conform(empty_batch(self._schema(inp.path), inp.read_columns), fields, inp.read_columns)
 
     def _all_batches(self, path: str, first: int = 0) -> Iterator[tuple[int, pa.RecordBatch]]:
         """(row of its first row, batch) for each batch that ends after row `first`."""

@@ -114,6 +114,15 @@ class Format:
             raise ValueError(f"span starts at row {offset}, after the range's first row {start}")
         yield from rows_between((batch for _, batch in self.batches(inp, span, fields)), offset, start, end)
 
+    def no_rows(self, inp: InputSettings, fields: pa.Schema | None = None) -> pa.RecordBatch:
+        """The read columns (`inp.read_columns`) with no rows, in the types a read gives them: the
+        columns of an input without rows, which no batch carries. By default in the plan's types
+        (`fields`); a format whose files name their types without rows reads them from the file."""
+        if fields is None:
+            raise UserError(f"input `{inp.path}` has no rows, and a {self.name} file without rows names no column "
+                            "types to write an empty table with")
+        return empty_batch(fields, inp.read_columns)
+
     def count_rows(self, inp: InputSettings, fields: pa.Schema | None = None) -> int:
         """The file's rows, as gather proves them (by default: read through)."""
         return sum(batch.num_rows for _, batch in self.batches(inp, None, fields))
@@ -156,6 +165,11 @@ def conform(batch: pa.RecordBatch, fields: pa.Schema | None, columns: list[str])
         return batch
     arrays = [array if kind is None else array.cast(kind) for kind, array in zip(types, batch.columns)]
     return pa.RecordBatch.from_arrays(arrays, names=columns)
+
+
+def empty_batch(schema: pa.Schema, columns: list[str]) -> pa.RecordBatch:
+    """`columns` of `schema` (a name twice where asked for twice), without rows."""
+    return select(pa.RecordBatch.from_pylist([], schema=schema), columns)
 
 
 def select(batch: pa.RecordBatch | pa.Table, columns: list[str]) -> pa.RecordBatch:

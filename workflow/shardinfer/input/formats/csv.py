@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from shardinfer.errors import UserError
-from shardinfer.input.formats.base import Mark
+from shardinfer.input.formats.base import Mark, empty_batch
 from shardinfer.input.formats.text_blocks import BlockParser, TextFormat, opened_at
 
 if TYPE_CHECKING:  # the settings are read, never built here: config builds them through discovery
@@ -101,6 +101,11 @@ class Csv(TextFormat):
     def column_names(self, inp: InputSettings, fields: pa.Schema | None = None) -> list[str]:
         with self.reading(inp.path):
             return self.header(inp.path, self.delimiter(inp))[0]
+
+    def no_rows(self, inp: InputSettings, fields: pa.Schema | None = None) -> pa.RecordBatch:
+        """Every column is read as text (`reader`), so without rows too."""
+        columns = inp.read_columns
+        return empty_batch(pa.schema([(column, pa.string()) for column in dict.fromkeys(columns)]), columns)
 
     def header(self, path: str, delimiter: str) -> tuple[list[str], Mark]:
         """The header's column names and where the rows begin (a header may hold a quoted newline)."""

@@ -1,0 +1,244 @@
+"""`row_errors: record`: an exception while predicting is narrowed down to the rows that raise it,
+which keep their place with null outputs and an `error`; the rest of the shard goes on. `fail`
+(the default) fails the shard in one line, as before.
+
+The narrowing and the cap are checked on the device loop with a toy task; the shard file, the
+file proof and gather on shard jobs of a tiny custom hook run directly; and one small `snakemake`
+run checks the table and the terminal line end to end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from factory import REPO, read_predictions, run_workflow
+from shardinfer.config import BatchSettings, RowErrorSettings, Settings, settings_from_config
+from shardinfer.errors import ProofError, UserError
+from shardinfer.plan import run_plan
+from shardinfer.proof.gather import run_gather
+from shardinfer.settings_digest import output_digest
+from shardinfer.shard.device_loop import RowErrors, predict_window, prepare_batches
+from shardinfer.shard.job import ShardJob, run_shard
+from shardinfer.tasks.base import Task, Window
+
+CPU = torch.device("cpu")
+FAILING = {3, 17}
+
+
+class Flaky(Task):
+    """Doubles each row's number; a batch holding a failing row raises, as a user's predict would."""
+
+    name, outputs, cost_unit = "flaky", {"y": "float32"}, "rows"
+
+    def __init__(self, failing: set[int]) -> None:
+        self.failing, self.calls = failing, 0
+
+    def collate(self, window: Window, positions: np.ndarray) -> np.ndarray:
+        return window.first + np.asarray(positions)
+
+    def predict(self, batch: np.ndarray) -> dict:
+        self.calls += 1
+        bad = sorted(set(batch.tolist()) & self.failing)
+        if bad:
+            raise ValueError(f"bad row {bad[0]}")
+        return {"y": batch.astype(np.float32) * 2}
+
+
+def run_window(task: Task, rows: int = 32, errors: RowErrors | None = None) -> dict:
+    window = Window(0, np.ones(rows, dtype=np.int64), None)
+    prepared = prepare_batches(task, window, pa.table({"k": np.arange(rows)}), BatchSettings(10_000, rows, rows))
+    return predict_window(task, prepared, CPU, errors)
+
+
+def test_narrowing_records_exactly_the_failing_rows_and_keeps_the_others():
+    clean = run_window(Flaky(set()))["y"]
+    task, errors = Flaky(FAILING), RowErrors(shard=0, cap=5)
+    results = run_window(task, errors=errors)
+    failed = errors.take_window()
+    assert sorted(failed) == sorted(FAILING)
+    assert failed[3] == "ValueError: bad row 3" and failed[17] == "ValueError: bad row 17"
+    others = [k for k in range(32) if k not in FAILING]
+    assert np.array_equal(results["y"], clean[others])  # in row order, the failed rows left out
+    assert task.calls <= 2 * math.log2(32) * len(FAILING) + 1
+    assert errors.stats() == {"row_errors": 2, "first_row_errors": [3, 17], "row_error_calls": task.calls - 1}
+
+
+def test_a_clean_window_costs_no_extra_call():
+    task, errors = Flaky(set()), RowErrors(shard=0, cap=0)
+    run_window(task, errors=errors)
+    assert task.calls == 1 and errors.stats()["row_error_calls"] == 0
+
+
+@pytest.mark.parametrize("limit", [1, 0.05])  # a count; a fraction: 5% of 32 rows is 1
+def test_more_failed_rows_than_the_cap_fail_the_shard_in_one_line(limit):
+    cap = RowErrorSettings("record", limit).cap(32)
+    assert cap == 1
+    with pytest.raises(UserError, match=r"shard 0: 2 rows failed, more than row_errors.max allows \(1\); "
+                                        r"first rows: 3, 17; first error: row 3: ValueError: bad row 3") as caught:
+        run_window(Flaky(FAILING), errors=RowErrors(shard=0, cap=cap))
+    assert "\n" not in str(caught.value)
+
+
+def test_the_cap_is_a_count_or_a_fraction_of_the_shards_rows():
+    assert RowErrorSettings("record", 3).cap(1000) == 3
+    assert RowErrorSettings("record", 0.01).cap(1000) == 10
+    assert RowErrorSettings("record", 0.01).cap(99) == 0
+
+
+def test_fail_raises_the_first_error_as_before():
+    task = Flaky(FAILING)
+    with pytest.raises(ValueError, match="bad row 3"):
+        run_window(task)
+    assert task.calls == 1
+
+
+HOOK = '''
+FAILING = set({failing})
+
+class Predictor:
+    outputs = {{"blob": "file:.bin", "y": "float64"}}
+
+    def predict(self, table, index):
+        bad = sorted(set(int(i) for i in index) & FAILING)
+        if bad:
+            raise ValueError(f"bad row {{bad[0]}}")
+        return {{"blob": [bytes([int(i)]) * 4 for i in index], "y": [float(v) * 2 for v in table.column("x").to_pylist()]}}
+
+def build(model_path, options, device):
+    return Predictor()
+'''
+
+
+def hook_config(rows: int, shards: int, mode: str = "record", limit: float = 5, failing=FAILING) -> dict:
+    """A tiny custom task on `rows` rows of data.csv (written here), with a hook failing on `failing`."""
+    Path("hook.py").write_text(HOOK.format(failing=sorted(failing)))
+    pd.DataFrame({"id": [f"r{i}" for i in range(rows)], "x": np.arange(rows) * 1.5}).to_csv("data.csv", index=False)
+    return {"input": {"path": "data.csv", "columns": ["x"], "keep_columns": ["id"]},
+            "model": {"task": "custom", "entrypoint": "hook.py:build", "path": None},
+            "batch": {"max_rows": 8, "sort_window": 16}, "shards": shards,
+            "row_errors": {"mode": mode, "max": limit}}
+
+
+def validated(config: dict) -> Settings:
+    from snakemake.utils import validate
+
+    config = json.loads(json.dumps(config))
+    validate(config, str(REPO / "workflow" / "schemas" / "config.schema.yaml"))
+    return settings_from_config(config)
+
+
+def shard_jobs(settings: Settings) -> list[ShardJob]:
+    run_plan(settings.input, settings.shards, settings.model.max_length, "plan.json")
+    digest = output_digest(settings)
+    return [ShardJob(settings, "plan.json", k, f"shards/{k}.parquet", digest, files=f"files/{k}")
+            for k in range(settings.shards)]
+
+
+def test_record_writes_every_row_in_place_and_gather_proves_the_absent_files(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    settings = validated(hook_config(24, 2))
+    jobs = shard_jobs(settings)
+    stats = [run_shard(job) for job in jobs]
+    assert sum(s["row_errors"] for s in stats) == 2 and stats[0]["first_row_errors"] == [3]
+    gather = lambda: run_gather("plan.json", [j.output for j in jobs], settings.input, settings.to_dict()["model"],
+                                jobs[0].digest, "out.parquet", "out.json", files_folders=[j.files for j in jobs])
+    summary = gather()
+    table = pq.read_table("out.parquet").to_pandas()
+    assert table["index"].tolist() == list(range(24)) and table["id"].tolist() == [f"r{i}" for i in range(24)]
+    assert set(table.index[table["error"].notna()]) == FAILING
+    assert table.loc[3, "error"] == "ValueError: bad row 3"
+    assert table.loc[list(FAILING), ["y", "blob"]].isna().all().all()
+    good = table.drop(index=list(FAILING))
+    assert good["y"].tolist() == [i * 3.0 for i in good["index"]] and good["blob"].notna().all()
+    assert sorted(p.name for p in Path("files/0").iterdir()) == [f"{i:09d}.bin" for i in range(12) if i != 3]
+    assert [s["row_errors"] for s in summary["per_shard"]] == [1, 1]
+    Path(good.iloc[0]["blob"]["path"]).unlink()  # a successful row's file missing is still refused
+    with pytest.raises(ProofError, match=r"row 0: file `files/0/000000000.bin` is missing"):
+        gather()
+
+
+def test_the_default_is_unchanged_no_error_column_and_the_same_digest(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = hook_config(12, 1, failing=set())
+    del config["row_errors"]
+    default = validated(config)
+    assert default.row_errors == RowErrorSettings("fail", 0.01)
+    digest = output_digest(default)
+    assert output_digest(dataclasses.replace(default, row_errors=RowErrorSettings("fail", 7))) == digest
+    assert output_digest(dataclasses.replace(default, row_errors=RowErrorSettings("record", 0.01))) != digest
+    run_shard(shard_jobs(default)[0])
+    assert "error" not in pq.read_schema("shards/0.parquet").names
+    assert "row_errors" not in json.loads(pq.read_metadata("shards/0.parquet").metadata[b"shardinfer.stats"])
+
+
+def test_fail_mode_fails_the_shard_in_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    job = shard_jobs(validated(hook_config(12, 1, mode="fail")))[0]
+    with pytest.raises(UserError, match=r"predict failed on rows? .*ValueError: bad row 3") as caught:
+        run_shard(job)
+    assert "\n" not in str(caught.value) and not Path(job.output).exists() and not Path(job.files).exists()
+
+
+def test_a_shard_above_the_cap_fails_and_leaves_no_shard_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    job = shard_jobs(validated(hook_config(24, 1, limit=1)))[0]
+    with pytest.raises(UserError, match=r"shard 0: 2 rows failed, more than row_errors.max allows \(1\); first rows: 3, 17"):
+        run_shard(job)
+    assert not Path(job.output).exists() and not Path(job.files).exists()
+
+
+def test_a_whole_count_is_required_above_one(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=r"row_errors.max is a count of rows when 1 or more .*got 2.5"):
+        validated(hook_config(12, 1, limit=2.5))
+
+
+def test_end_to_end_the_table_and_the_terminal_say_which_rows_failed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = hook_config(24, 2)
+    result = run_workflow(tmp_path, config)
+    assert result.returncode == 0, result.stdout + result.stderr
+    table = read_predictions(tmp_path)
+    assert table["index"].tolist() == list(range(24))
+    assert set(table.index[table["error"].notna()]) == FAILING
+    assert table.loc[list(FAILING), ["y", "blob"]].isna().all().all()
+    assert ("shardinfer: WARNING 2 of 24 rows failed (first rows: 3, 17); their `error` column says why: "
+            "results/predictions.parquet") in result.stdout + result.stderr
+
+
+def test_record_is_refused_for_the_vllm_engine_which_takes_a_window_whole(tmp_path):
+    from factory import build_tiny_causal_lm, settings_for
+    from shardinfer.config import ModelSettings
+    from shardinfer.tasks.generate_vllm import VllmGenerate
+
+    model = ModelSettings(path=str(build_tiny_causal_lm(tmp_path)), adapter=None, task="generate", max_length=24,
+                          dtype="auto", trust_remote_code=False, allow_pickle=False, max_new_tokens=10)
+    settings = settings_for(model, task_settings={"engine": "vllm"}, row_errors=RowErrorSettings("record", 0.01))
+    with pytest.raises(UserError, match=r"row_errors.mode: record is not supported with generate.engine: vllm"):
+        VllmGenerate.check_settings(settings)
+
+
+def test_the_terminal_and_the_report_say_how_many_rows_failed_and_the_first():
+    from shardinfer.report import failed_rows_item
+    from shardinfer.terminal import summary_lines
+
+    summary = {"rows": 40, "shards": 2, "run": {}, "per_shard": [
+        {"row_errors": 1, "first_row_errors": [17]}, {"row_errors": 2, "first_row_errors": [23, 31]}]}
+    lines = summary_lines(summary, "results/predictions.parquet", "results/summary.json", report=False)
+    assert ("shardinfer: WARNING 3 of 40 rows failed (first rows: 17, 23, 31); their `error` column says why: "
+            "results/predictions.parquet") in lines
+    assert failed_rows_item(summary) == [["rows failed (row_errors: record)",
+                                          "3 (first rows: 17, 23, 31; non-null `error` in the predictions)"]]
+    clean = {**summary, "per_shard": [{"row_errors": 0, "first_row_errors": []}]}
+    assert not any("failed" in line for line in summary_lines(clean, "p", "s", report=False))
+    assert failed_rows_item({"per_shard": [{}]}) == []  # fail mode: no item
