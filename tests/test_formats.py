@@ -6,6 +6,8 @@ Plus the format lines a user gets for what no format reads."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +27,7 @@ from shardinfer.input.parts import iter_pieces
 from shardinfer.input.scan import count_rows
 from shardinfer.input.shard_bound import check_shard_count
 from shardinfer.input.staging import wants_staging
-from shardinfer.plan import make_plan
+from shardinfer.plan import make_plan, read_plan, run_plan
 
 ROWS = 500
 
@@ -41,7 +43,7 @@ def frame_with_awkward_text(rows: int = ROWS) -> pd.DataFrame:
 
 def settings(path: Path | str, fmt: str | None = None, **overrides):
     """Input settings of a file or folder, its format and parts resolved as the Snakefile does."""
-    found, parts = resolve_input(str(path), fmt or "auto", overrides.pop("split", None))
+    found, parts = resolve_input(str(path), fmt or "auto", overrides.get("split"))
     values = {"path": str(path), "format": found, "parts": parts, "text_column": "text", "keep_columns": ("id", "gold"),
               "null_text": "empty"}
     from shardinfer.config import InputSettings
@@ -224,28 +226,26 @@ def test_every_format_is_found_by_its_extensions_alone():
             assert (format_of(f"data/part-0{suffix}.gz") is fmt) == fmt.compressible
 
 
-def test_a_dataset_dict_runs_as_named_inputs_one_per_split(classify_runs, models, tmp_path):
-    """End to end: a DatasetDict of a classify run's input, cut into two splits, run as named
-    inputs (`split:` each, one shard each), each classified and proven on its own: each split's
-    predictions are the whole run's for the same rows (labels exactly; probabilities to float
-    rounding, since the batches differ)."""
+def test_a_dataset_dict_split_is_planned_and_checked_again_as_that_split(tmp_path):
+    """The plan records the split, so that shard jobs and gather resolve the same parts again (a
+    DatasetDict folder without its split is no input); a data file added to the split's state
+    after planning is refused, naming it."""
     datasets = pytest.importorskip("datasets")
     datasets.disable_progress_bars()
-    want = classify_runs(1000, 4)
-    splits = {"train": want.frame.iloc[:640], "test": want.frame.iloc[640:]}
-    workdir = tmp_path / "run"
-    datasets.DatasetDict({name: datasets.Dataset.from_pandas(part, preserve_index=False)
-                          for name, part in splits.items()}).save_to_disk(str(workdir / "data" / "dd"))
-    config = workflow_config("data/dd", models.classifier, shards=1)
-    del config["input"]
-    config["inputs"] = {name: {"path": "data/dd", "split": name, "keep_columns": ["id"]} for name in splits}
-    result = run_workflow(workdir, config)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    start = 0
-    for name, part in splits.items():
-        got = pd.read_parquet(workdir / "results" / name / "predictions.parquet")
-        same = want.predictions.iloc[start:start + len(part)].reset_index(drop=True)
-        assert got["id"].tolist() == part["id"].tolist() and got["index"].tolist() == list(range(len(part)))
-        assert got["label"].tolist() == same["label"].tolist()
-        assert np.allclose(np.stack(got["probs"]), np.stack(same["probs"]), atol=1e-5)
-        start += len(part)
+    frame = input_frame(90)
+    datasets.DatasetDict({"train": datasets.Dataset.from_pandas(frame.iloc[:60], preserve_index=False),
+                          "test": datasets.Dataset.from_pandas(frame.iloc[60:], preserve_index=False)}
+                         ).save_to_disk(str(tmp_path / "dd"))
+    inp = settings(tmp_path / "dd", split="test")
+    run_plan(inp, 2, 32, str(tmp_path / "plan.json"))
+    plan = read_plan(str(tmp_path / "plan.json"))
+    assert plan.split == "test" and plan.rows == 30
+    plan.check_input_unchanged()
+    state = tmp_path / "dd" / "test" / "state.json"
+    extra = tmp_path / "dd" / "test" / "data-00001-of-00002.arrow"
+    shutil.copy(plan.parts[0].path, extra)
+    listed = json.loads(state.read_text())
+    listed["_data_files"].append({"filename": extra.name})
+    state.write_text(json.dumps(listed))
+    with pytest.raises(UserError, match=r"data-00001-of-00002.arrow` is not a part of the plan"):
+        plan.check_input_unchanged()
