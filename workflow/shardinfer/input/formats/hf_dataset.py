@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 from shardinfer.errors import UserError
 from shardinfer.input.formats.arrow import Arrow
@@ -23,12 +24,12 @@ SPLITS = "dataset_dict.json"
 
 
 def _splits(folder: str) -> list[str]:
-    return list(json.loads(open(os.path.join(folder, SPLITS)).read()).get("splits", []))
+    return list(json.loads(Path(folder, SPLITS).read_text()).get("splits", []))
 
 
 def _data_files(folder: str) -> tuple[str, ...]:
     """The data files that `state.json` lists, in its order; an indices mapping is refused."""
-    state = json.loads(open(os.path.join(folder, STATE)).read())
+    state = json.loads(Path(folder, STATE).read_text())
     if state.get("_indices_data_files"):
         raise UserError(f"input.path `{folder}`: the dataset has an indices mapping; save it with "
                         "save_to_disk (which applies it) or call flatten_indices() first")
