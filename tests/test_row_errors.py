@@ -70,7 +70,8 @@ def test_narrowing_records_exactly_the_failing_rows_and_keeps_the_others():
     others = [k for k in range(32) if k not in FAILING]
     assert np.array_equal(results["y"], clean[others])  # in row order, the failed rows left out
     assert task.calls <= 2 * math.log2(32) * len(FAILING) + 1
-    assert errors.stats() == {"row_errors": 2, "first_row_errors": [3, 17], "row_error_calls": task.calls - 1}
+    assert errors.stats() == {"row_errors": 2, "first_row_errors": [3, 17], "row_error_calls": task.calls - 1,
+                              "first_row_error": "row 3: ValueError: bad row 3"}
 
 
 def test_a_clean_window_costs_no_extra_call():
@@ -103,12 +104,20 @@ def test_fail_raises_the_first_error_as_before():
 
 
 HOOK = '''
+import os
+import time
+from pathlib import Path
+
 FAILING = set({failing})
 
 class Predictor:
     outputs = {{"blob": "file:.bin", "y": "float64"}}
 
     def predict(self, table, index):
+        if int(os.environ.get("HOOK_STOP_AT", "-1")) in set(int(i) for i in index):  # until signalled
+            Path("stopped.pid").write_text(str(os.getpid()))
+            while True:
+                time.sleep(0.02)
         bad = sorted(set(int(i) for i in index) & FAILING)
         if bad:
             raise ValueError(f"bad row {{bad[0]}}")
@@ -203,16 +212,45 @@ def test_a_whole_count_is_required_above_one(tmp_path, monkeypatch):
         validated(hook_config(12, 1, limit=2.5))
 
 
-def test_end_to_end_the_table_and_the_terminal_say_which_rows_failed(tmp_path, monkeypatch):
+def test_end_to_end_a_stopped_shard_resumes_and_the_terminal_says_which_rows_failed(tmp_path, monkeypatch):
+    """Under `snakemake`: SIGTERM to a shard job (as Slurm sends at a time limit) fails it in one
+    line; the committed windows survive Snakemake's cleanup of the failed job; the same command
+    again resumes the shard there, and the row errors of kept and new windows are counted together."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from factory import prepare_workdir
+
     monkeypatch.chdir(tmp_path)
-    config = hook_config(24, 2)
+    config = hook_config(48, 2)  # shard 0: rows [0, 24), windows [0, 1), [1, 17), [17, 24)
+    command, env = prepare_workdir(tmp_path, config)
+    stopped = subprocess.Popen(command, cwd=tmp_path, env={**env, "HOOK_STOP_AT": "20"}, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 300
+    while not Path("stopped.pid").exists() and time.time() < deadline and stopped.poll() is None:
+        time.sleep(0.05)
+    os.kill(int(Path("stopped.pid").read_text()), signal.SIGTERM)
+    out = stopped.communicate(timeout=300)[0]
+    assert stopped.returncode != 0
+    assert "ERROR shard 0: stopped by SIGTERM at row 17; rerun resumes there" in out
+    assert not Path("results/predictions.parquet").exists()
+    assert sorted(p.name for p in Path("results/shards/.0.parquet.windows").glob("*.parquet")) == [
+        "000000000000.parquet", "000000000001.parquet"]  # Snakemake's cleanup of the failed job left them
     result = run_workflow(tmp_path, config)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "resumed at row 17 (17 rows kept)" in Path("logs/infer/0.log").read_text()
     table = read_predictions(tmp_path)
-    assert table["index"].tolist() == list(range(24))
-    assert set(table.index[table["error"].notna()]) == FAILING
+    assert table["index"].tolist() == list(range(48)) and table["id"].tolist() == [f"r{i}" for i in range(48)]
+    assert set(table.index[table["error"].notna()]) == FAILING  # row 3 in a kept window, row 17 computed again
     assert table.loc[list(FAILING), ["y", "blob"]].isna().all().all()
-    assert ("shardinfer: WARNING 2 of 24 rows failed (first rows: 3, 17); their `error` column says why: "
+    good = table.drop(index=list(FAILING))
+    assert good["y"].tolist() == [i * 3.0 for i in good["index"]] and good["blob"].notna().all()
+    summary = json.loads(Path("results/summary.json").read_text())
+    assert [s["resumed_rows"] for s in summary["per_shard"]] == [17, 0]
+    assert [s["row_errors"] for s in summary["per_shard"]] == [2, 0]
+    assert ("shardinfer: WARNING 2 of 48 rows failed (first rows: 3, 17); their `error` column says why: "
             "results/predictions.parquet") in result.stdout + result.stderr
 
 

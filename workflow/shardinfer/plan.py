@@ -107,10 +107,10 @@ class Plan:
     def shards(self) -> int:
         return len(self.ranges)
 
-    def shard_rows(self, inp: InputSettings, shard: int) -> Iterator[tuple[int, pa.RecordBatch]]:
+    def shard_rows(self, inp: InputSettings, shard: int, from_row: int = 0) -> Iterator[tuple[int, pa.RecordBatch]]:
         """A shard's rows as (the input's row number of the batch's first row, batch), in the
-        plan's types over all parts."""
-        return iter_pieces(inp, self.pieces[shard], self.fields)
+        plan's types over all parts; from row `from_row` on when a resumed shard keeps those before."""
+        return iter_pieces(inp, self.pieces[shard], self.fields, from_row)
 
     def no_rows(self, inp: InputSettings) -> pa.RecordBatch:
         """The read columns without rows, in the types a read gives them (`Format.no_rows`, of the first
@@ -234,23 +234,29 @@ def read_plan(path: str) -> Plan:
 
 
 def remove_stale_shards(shard_dir: str, shards: int, files_dir: str | None = None) -> list[str]:
-    """Delete shard files numbered beyond the new plan, and their files folders (`files_dir/N`, and
-    a killed job's `files_dir/.N.partial`): they belong to an earlier plan.
+    """Delete shard files numbered beyond the new plan, a stopped job's committed windows
+    (`.N.parquet.windows`), and their files folders (`files_dir/N`, and a stopped job's
+    `files_dir/.N.partial`): they belong to an earlier plan.
 
-    Files of shards the new plan has are remade by Snakemake (the plan is newer than they are).
+    Files of shards the new plan has are remade by Snakemake (the plan is newer than they are);
+    their committed windows are another plan's, which resuming removes.
     """
-    stale = [p for p in _numbered(shard_dir, r"(\d+)\.parquet") if p[0] >= shards]
+    stale = [p for p in _numbered(shard_dir, r"(\d+)\.parquet|\.(\d+)\.parquet\.windows") if p[0] >= shards]
     for _, path in stale:
-        path.unlink()
+        _remove(path)
         log.info("removed %s, a shard of an earlier plan", path)
     folders = [p for p in _numbered(files_dir, r"(\d+)|\.(\d+)\.partial") if p[0] >= shards] if files_dir else []
     for _, path in folders:
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
+        _remove(path)
         log.info("removed %s, the files of a shard of an earlier plan", path)
     return [str(path) for _, path in stale + folders]
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
 
 
 def _numbered(folder: str, pattern: str) -> list[tuple[int, Path]]:

@@ -18,6 +18,7 @@ from html import escape
 from pathlib import Path
 
 from shardinfer.errors import UserError
+from shardinfer.proof.shard_file import computed
 from shardinfer.tasks import counts_tokens
 from shardinfer.terminal import failed_rows
 
@@ -64,9 +65,9 @@ class ReportFiles:
 
 
 def rows_per_s(shard: dict) -> float | None:
-    """A shard's own throughput: its rows over its work seconds (model load excluded)."""
+    """A shard's own throughput: the rows its job computed over its work seconds (model load excluded)."""
     seconds = shard.get("seconds")
-    return shard["rows"] / seconds if seconds else None
+    return computed(shard, "rows") / seconds if seconds else None
 
 
 def load_seconds(shard: dict) -> float | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from shardinfer.proof.shard_file import computed
 from shardinfer.tasks import counts_tokens
 
 
@@ -50,11 +51,11 @@ def speed_in_this_run(summary: dict, since: float | None) -> str:
     if not ran or any(s.get("ended") is None for s in ran):
         return f"no shard job ran in this run ({kept}; each shard's own seconds are in per_shard)"
     wall = max(s["ended"] for s in ran) - min(s["started"] for s in ran)
-    rows, real = sum(s["rows"] for s in ran), sum(s.get("real_tokens") or 0 for s in ran)
+    rows, real = sum(computed(s, "rows") for s in ran), sum(computed(s, "real_tokens") for s in ran)
     rates = {"task": run.get("task"), "rows_per_s": rows / wall if wall else 0.0,
              "real_tokens_per_s": real / wall if wall else 0.0}
     if any("generated_tokens" in s for s in ran):
-        rates["generated_tokens_per_s"] = sum(s.get("generated_tokens") or 0 for s in ran) / wall if wall else 0.0
+        rates["generated_tokens_per_s"] = sum(computed(s, "generated_tokens") for s in ran) / wall if wall else 0.0
     return (f"{len(ran):,} of {len(shards):,} shards ran in this run ({kept}): {throughput(rates)} over "
             f"{wall:,.1f} s of this run's shard jobs (first start to last end)")
 

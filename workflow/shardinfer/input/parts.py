@@ -85,18 +85,26 @@ def one_file(inp: InputSettings, path: str) -> InputSettings:
     return dataclasses.replace(inp, path=path, parts=(path,))
 
 
-def iter_pieces(inp: InputSettings, pieces: tuple[Piece, ...], fields: pa.Schema | None = None
-                ) -> Iterator[tuple[int, pa.RecordBatch]]:
+def iter_pieces(inp: InputSettings, pieces: tuple[Piece, ...], fields: pa.Schema | None = None,
+                from_row: int = 0) -> Iterator[tuple[int, pa.RecordBatch]]:
     """A shard's rows as (the input's row number of the batch's first row, batch), piece by piece,
     each from its part's staged copy where the plan made one, in the plan's types over all parts
-    (`fields`: `Format.fields`)."""
+    (`fields`: `Format.fields`). Rows before `from_row` (the input's numbering) are passed over: a
+    resumed shard's kept rows; a format that reads any row range starts there, a text format reads
+    its piece's span and drops them."""
     fmt = format_named(inp.format)
     for piece in pieces:
+        offset = piece.part.first_row
+        if offset + piece.end <= from_row:
+            continue
         if piece.part.staged:
             piece.part.staged.check_holds(inp.read_columns, piece.part.path)
         part = one_file(inp, piece.part.read_path)
-        for first, batch in fmt.read_range(part, piece.start, piece.end, piece.span, fields):
-            yield piece.part.first_row + first, batch
+        start = max(piece.start, from_row - offset) if piece.span is None else piece.start
+        for first, batch in fmt.read_range(part, start, piece.end, piece.span, fields):
+            skip = min(max(from_row - offset - first, 0), batch.num_rows)
+            if skip < batch.num_rows:
+                yield offset + first + skip, batch.slice(skip)
 
 
 def windows(batches: Iterator[tuple[int, pa.RecordBatch]], size: int, first_size: int | None = None

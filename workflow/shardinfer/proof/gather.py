@@ -31,7 +31,7 @@ from shardinfer.shard.row_files import prove_files, refuse_unlisted, staging_fol
 from shardinfer.input.identity import digest_alongside
 from shardinfer.input.parts import Part, one_file
 from shardinfer.plan import Plan, read_plan
-from shardinfer.proof.shard_file import FILE_TYPE, IDENTITY_KEY, INDEX_COLUMN, STATS_KEY
+from shardinfer.proof.shard_file import FILE_TYPE, IDENTITY_KEY, INDEX_COLUMN, STATS_KEY, computed
 from shardinfer.input.scan import count_rows
 from shardinfer.tasks import TASKS, task_class
 from shardinfer.terminal import headline
@@ -254,6 +254,11 @@ def _total(shards: list[ShardFile], key: str) -> int:
     return sum(s.stats.get(key) or 0 for s in shards)
 
 
+def _computed(shards: list[ShardFile], key: str) -> int:
+    """Over the shard jobs that finished the shards: what rates over their span divide."""
+    return sum(computed(s.stats, key) for s in shards)
+
+
 def wall_clock(shards: list[ShardFile]) -> tuple[float, float] | None:
     """The run's span: first shard job's start to last shard's end (epoch seconds), or None when a
     shard file predates these stats (a shard kept from an earlier version of the workflow)."""
@@ -268,14 +273,15 @@ def run_facts(plan: Plan, shards: list[ShardFile], model: dict) -> dict:
     over summed shard seconds, so idle slots and start-up count against it as a user sees them."""
     real, padded, span = _total(shards, "real_tokens"), _total(shards, "padded_tokens"), wall_clock(shards)
     wall = round(span[1] - span[0], 3) if span else None
+    rows, tokens = _computed(shards, "rows"), _computed(shards, "real_tokens")
     return {
         "rows": plan.rows, "shards": plan.shards, "task": model.get("task"), "model": model.get("path"),
         "adapter": model.get("adapter"), "max_length": model.get("max_length"),
         "devices": sorted({s.stats["device"] for s in shards if s.stats.get("device")}),
         "dtype": ", ".join(sorted({s.stats["dtype"] for s in shards if s.stats.get("dtype")})),
         "started": span[0] if span else None, "ended": span[1] if span else None, "wall_s": wall,
-        "rows_per_s": round(plan.rows / wall, 2) if wall else None,
-        "real_tokens_per_s": round(real / wall, 2) if wall else None,
+        "rows_per_s": round(rows / wall, 2) if wall else None,
+        "real_tokens_per_s": round(tokens / wall, 2) if wall else None, "resumed_rows": plan.rows - rows,
         "real_tokens": real, "padded_tokens": padded,
         "padding_ratio": round(padded / real, 4) if real else None, "truncated": _total(shards, "truncated"),
         **generated_facts(shards, wall),
@@ -287,7 +293,8 @@ def generated_facts(shards: list[ShardFile], wall: float | None) -> dict:
     generated = _total(shards, "generated_tokens")
     if not any("generated_tokens" in s.stats for s in shards):
         return {}
-    return {"generated_tokens": generated, "generated_tokens_per_s": round(generated / wall, 2) if wall else None}
+    per_s = _computed(shards, "generated_tokens") / wall if wall else None
+    return {"generated_tokens": generated, "generated_tokens_per_s": round(per_s, 2) if wall else None}
 
 
 def token_lengths(shards: list[ShardFile]) -> dict[str, int]:

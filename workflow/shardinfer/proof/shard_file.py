@@ -72,3 +72,10 @@ def file_columns(outputs: dict[str, str]) -> dict[str, str]:
 
 def file_name(index: int, suffix: str) -> str:
     return f"{index:0{FILE_DIGITS}d}{suffix}"
+
+
+def computed(stats: dict, name: str) -> int:
+    """A shard's `name` (rows, real_tokens, generated_tokens) computed by the job that finished it:
+    its total less what committed windows of a stopped earlier job brought (`resumed_<name>`), the
+    figure a rate divides by the job's seconds."""
+    return (stats.get(name) or 0) - (stats.get(f"resumed_{name}") or 0)

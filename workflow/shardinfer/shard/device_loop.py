@@ -104,8 +104,14 @@ class RowErrors:
         return window
 
     def stats(self) -> dict:
+        """The shard's row errors so far, and what a resumed job needs to go on counting (`resume`)."""
         return {"row_errors": self.count, "first_row_errors": self.first_rows,
-                "row_error_calls": self.calls - self.planned}
+                "row_error_calls": self.calls - self.planned, "first_row_error": self.first_error}
+
+    def resume(self, stats: dict) -> None:
+        """Go on from a resumed shard's kept windows (their `stats()`), so the cap covers the whole shard."""
+        self.count, self.first_rows = stats["row_errors"], list(stats["first_row_errors"])
+        self.calls, self.planned, self.first_error = stats["row_error_calls"], 0, stats["first_row_error"]
 
 
 def describe(error: BaseException) -> str:

@@ -13,12 +13,14 @@ prove it belongs (`shardinfer.proof.shard_file`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -36,7 +38,9 @@ from shardinfer.shard.models import choose_device, choose_dtype
 from shardinfer.shard.pipeline import Pipeline
 from shardinfer.plan import Plan, read_plan
 from shardinfer.shard.progress import Progress
-from shardinfer.proof.shard_file import ERROR_COLUMN, STATS_KEY, file_columns, shard_schema
+from shardinfer.proof.shard_file import ERROR_COLUMN, STATS_KEY, computed, file_columns, shard_schema
+from shardinfer.shard.resume import assemble, commit_window, keep_committed, remove_windows, resume_row, windows_folder
+from shardinfer.shard.stop import Terminated, stop_on_sigterm
 from shardinfer.input.parts import windows
 from shardinfer.tasks import engine_class, task_class
 from shardinfer.tasks.base import LoadContext, Task, Window
@@ -58,31 +62,71 @@ class ShardJob:
     files: str | None = None  # the shard's folder of per-row files (results/files/<shard>), when the task may write any
 
 
+@dataclass(frozen=True)
+class WindowCost:
+    """A window's real and padded cost (tokens for text tasks), its rows per real length and its
+    truncated rows: counted when its batches are cut, added to the tally when it is written."""
+
+    real_tokens: int
+    padded_tokens: int
+    lengths: Counter
+    truncated: list[int]  # the input's row numbers
+
+    @classmethod
+    def of(cls, window: Window, padded: int) -> WindowCost:
+        real = window.real
+        return cls(int(real.sum()), padded, Counter(real.tolist()), [window.first + i for i in window.truncated])
+
+
 @dataclass
-class Counters:
+class Tally:
+    """The shard's running totals after each written window. Committed with the window
+    (`shardinfer.shard.resume`), so a resumed shard's stats cover all its rows, kept ones included."""
+
     rows: int = 0
     real_tokens: int = 0
     padded_tokens: int = 0
     truncated: int = 0
     truncated_rows: list[int] = field(default_factory=list)
     lengths: Counter = field(default_factory=Counter)  # rows per real token length, for the report's histogram
+    row_errors: dict = field(default_factory=dict)  # RowErrors.stats() after the window (row_errors: record)
+    task: dict = field(default_factory=dict)  # Task.finish() after the window
 
-    def count(self, window: Window, padded: int) -> None:
-        """A window's real and padded cost (tokens for text tasks), length histogram and cut rows."""
-        real = window.real
-        self.real_tokens += int(real.sum())
-        self.lengths.update(real.tolist())
-        self.padded_tokens += padded
-        self.truncated += len(window.truncated)
-        self.truncated_rows.extend(window.first + i for i in window.truncated[: 5 - len(self.truncated_rows)])
+    def add(self, rows: int, cost: WindowCost, row_errors: dict, task: dict) -> None:
+        self.rows += rows
+        self.real_tokens += cost.real_tokens
+        self.padded_tokens += cost.padded_tokens
+        self.lengths.update(cost.lengths)
+        self.truncated += len(cost.truncated)
+        self.truncated_rows.extend(cost.truncated[: 5 - len(self.truncated_rows)])
+        self.row_errors, self.task = row_errors, task
 
-    def stats(self, seconds: float, runtime: Runtime) -> dict:
+    def to_json(self) -> dict:
+        return {**dataclasses.asdict(self), "lengths": {str(n): k for n, k in sorted(self.lengths.items())}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Tally:
+        return cls(**{**data, "lengths": Counter({int(n): k for n, k in data["lengths"].items()})})
+
+    def stats(self, seconds: float, runtime: Runtime, kept: Tally) -> dict:
+        """The shard's stats: totals over all its rows, and `resumed_*` what the kept windows
+        brought (this job's own work is the difference, what rates divide by:
+        `proof.shard_file.computed`)."""
+        resumed = {f"resumed_{name}": value for name, value in kept.task.items() if isinstance(value, int)}
         return {"rows": self.rows, "seconds": round(seconds, 3), "device": runtime.where, "dtype": runtime.dtype,
-                **runtime.task.finish(),
+                **running_totals(kept.task, runtime.task.finish()),
+                "resumed_rows": kept.rows, "resumed_real_tokens": kept.real_tokens, **resumed,
                 "real_tokens": self.real_tokens, "padded_tokens": self.padded_tokens,
                 "padding_ratio": round(self.padded_tokens / max(self.real_tokens, 1), 4),
                 "truncated": self.truncated, "first_truncated_rows": self.truncated_rows,
-                "token_lengths": {str(n): self.lengths[n] for n in sorted(self.lengths)}}
+                "token_lengths": {str(n): self.lengths[n] for n in sorted(self.lengths)}, **self.row_errors}
+
+
+def running_totals(kept: dict, now: dict) -> dict:
+    """A task's stats (`Task.finish`) over a resumed shard's jobs: its running totals (ints, e.g.
+    generated tokens) summed with the kept windows'; its other values describe this job."""
+    return {name: value + kept[name] if isinstance(value, int) and isinstance(kept.get(name), int) else value
+            for name, value in now.items()}
 
 
 def keep_schema_of(settings: Settings, plan: Plan, shard: int) -> pa.Schema:
@@ -130,9 +174,9 @@ def first_window(sort_window: int) -> int:
     return max(1, sort_window // 16)
 
 
-def read_windows(job: ShardJob, plan: Plan) -> Iterator[tuple[int, pa.Table]]:
+def read_windows(job: ShardJob, plan: Plan, from_row: int) -> Iterator[tuple[int, pa.Table]]:
     size = job.settings.batch.sort_window
-    return windows(plan.shard_rows(job.settings.input, job.shard), size, first_window(size))
+    return windows(plan.shard_rows(job.settings.input, job.shard, from_row), size, first_window(size))
 
 
 def split_columns(item: tuple[int, pa.Table], task_columns: int) -> tuple[int, pa.Table, pa.Table]:
@@ -154,35 +198,44 @@ def shard_identity(job: ShardJob, plan: Plan, outputs: dict[str, str]) -> dict:
 
 @dataclass
 class Writer:
-    """The write stage: a window's results as a table (files written first, by the runner), hashed
-    as written so gather can check the values (`content`)."""
+    """The write stage: a window's results as a table (its per-row files written first), committed
+    as a window of its own (`shardinfer.shard.resume`) and written to the shard file, hashed as
+    written so gather can check the values (`content`)."""
 
     writer: object  # pyarrow.parquet.ParquetWriter
     schema: pa.Schema
     task: Task
     files: ShardFiles | None
-    counters: Counters
+    windows: Path  # the shard's committed windows
+    tally: Tally
+    kept: Tally  # what the kept windows brought (a resumed shard)
     progress: Progress
     content: ContentHasher = field(default_factory=ContentHasher)
     record: bool = False  # row_errors: record (an `error` column last)
 
-    def __call__(self, item: tuple[int, pa.Table, dict, dict[int, str]]) -> None:
-        first, keep, results, failed = item
-        index = np.arange(first, first + keep.num_rows, dtype=np.int64)
+    def __call__(self, item: Written) -> None:
+        table = self.table(item)
+        self.tally.add(table.num_rows, item.cost, item.row_errors, running_totals(self.kept.task, item.task))
+        if self.files is not None:
+            self.files.sync()
+        commit_window(self.windows, table, self.tally.to_json())
+        self.writer.write_table(table)
+        self.content.update(table)
+        self.progress.advance(table.num_rows)
+
+    def table(self, item: Written) -> pa.Table:
+        keep, failed = item.keep, item.failed
+        index = np.arange(item.first, item.first + keep.num_rows, dtype=np.int64)
         ok = np.ones(keep.num_rows, dtype=bool)
         ok[list(failed)] = False
         if not ok.any():  # every row of the window failed (row_errors: record)
             arrays = [pa.nulls(keep.num_rows, self.schema.field(name).type) for name in self.task.outputs]
         else:
-            arrays = self.outputs(results, index[ok])
+            arrays = self.outputs(item.results, index[ok])
             arrays = [with_nulls(array, ok) for array in arrays] if failed else arrays
         if self.record:  # row_errors: record: the `error` column
             arrays.append(pa.array([failed.get(k) for k in range(keep.num_rows)], pa.string()))
-        table = pa.Table.from_arrays([pa.array(index), *keep.columns, *arrays], schema=self.schema)
-        self.writer.write_table(table)
-        self.content.update(table)
-        self.counters.rows += keep.num_rows
-        self.progress.advance(keep.num_rows)
+        return pa.Table.from_arrays([pa.array(index), *keep.columns, *arrays], schema=self.schema)
 
     def outputs(self, results: dict, index: np.ndarray) -> list:
         """The task's columns for the rows in `index` (those with results), file columns written."""
@@ -193,6 +246,19 @@ class Writer:
                 values = values.to_pylist() if isinstance(values, pa.Array) else list(values)
                 arrays[position] = self.files.write(name, values, index)
         return arrays
+
+
+@dataclass(frozen=True)
+class Written:
+    """What the device loop hands the writer for one window: not the window's inputs."""
+
+    first: int
+    keep: pa.Table
+    results: dict
+    failed: dict[int, str]
+    cost: WindowCost
+    row_errors: dict  # RowErrors.stats() after this window
+    task: dict  # Task.finish() after this window
 
 
 def with_nulls(values, ok: np.ndarray) -> pa.Array:
@@ -222,13 +288,15 @@ def write_shard(job: ShardJob, plan: Plan, runtime: Runtime, began: float) -> di
 
     read → prepare (tokenize, or read token ids) → batch and build inputs run in workers, the
     device loop in this thread, and writing in another worker; each hands on through a bounded
-    queue. The stats carry each stage's busy seconds and the job's wall-clock span (from `began`,
-    the epoch time the job started, to the file complete), so gather can time the run end to end.
+    queue. Each window is committed as it is written, and a rerun goes on after the windows a
+    stopped job committed (`shardinfer.shard.resume`). The stats carry each stage's busy seconds
+    and the job's wall-clock span (from `began`, the epoch time the job started, to the file
+    complete), so gather can time the run end to end.
     """
     settings, task = job.settings, runtime.task
     start, end = plan.ranges[job.shard]
     schema, suffixes = shard_layout(job, plan, task.outputs)
-    counters, started, columns = Counters(), time.perf_counter(), len(settings.input.task_columns)
+    started, columns, folder = time.perf_counter(), len(settings.input.task_columns), windows_folder(job.output)
     errors = RowErrors(job.shard, settings.row_errors.cap(end - start)) if settings.row_errors.record else None
 
     def prepare(item):
@@ -238,28 +306,39 @@ def write_shard(job: ShardJob, plan: Plan, runtime: Runtime, began: float) -> di
     def batch(item):
         prepared = prepare_batches(task, *item, settings.batch)
         planned = [positions for positions, _ in prepared.batches]
-        counters.count(prepared.window, task.padded_tokens(prepared.window, planned))
-        return prepared
+        return prepared, WindowCost.of(prepared.window, task.padded_tokens(prepared.window, planned))
 
     # Commit order: the table is closed, then the files folder takes its name, then the table.
-    with (staged_files(job.files, suffixes) as files,
-          atomic_parquet_writer(job.output, schema, files and files.commit) as writer,
-          torch.inference_mode(), Pipeline() as pipeline):
-        write = Writer(writer, schema, task, files, counters, Progress(end - start), record=errors is not None)
-        prepared = pipeline.map("batch", batch, pipeline.map(task.prepare_stage, prepare,
-                                                             pipeline.source("read", read_windows(job, plan))))
-        output = pipeline.sink("write", write)
-        for window in pipeline.drain("device", prepared):
-            results = predict_window(task, window, runtime.device, errors)
-            failed = errors.take_window() if errors is not None else {}
-            pipeline.put(output, (window.window.first, window.keep, results, failed))  # not the window's inputs
-        pipeline.finish(output)
-        log.info("%s", pipeline.report())
-        stats = counters.stats(time.perf_counter() - started, runtime)
-        stats.update(errors.stats() if errors is not None else {})
-        stats.update(bound_by=pipeline.bottleneck().name, stages=pipeline.busy_seconds(), started=round(began, 3),
-                     ended=round(time.time(), 3))
-        writer.add_key_value_metadata({STATS_KEY: json.dumps(stats), **write.content.metadata()})
+    with staged_files(job.files, suffixes) as files:
+        kept = keep_committed(folder, shard_identity(job, plan, task.outputs), start, files)
+        resumed = Tally.from_json(kept.tally) if kept.tally else Tally()
+        if kept.paths:
+            log.info("resumed at row %d (%d rows kept)", kept.next_row, kept.rows)
+        if errors is not None and resumed.row_errors:
+            errors.resume(resumed.row_errors)
+        with (atomic_parquet_writer(job.output, schema, files and files.commit) as writer,
+              torch.inference_mode(), Pipeline() as pipeline):
+            write = Writer(writer, schema, task, files, folder, Tally.from_json(resumed.to_json()), resumed,
+                           Progress(end - kept.next_row), assemble(kept.paths, writer), errors is not None)
+            prepared = pipeline.map("batch", batch, pipeline.map(task.prepare_stage, prepare, pipeline.source(
+                "read", read_windows(job, plan, kept.next_row))))
+            output = pipeline.sink("write", write)
+            try:
+                for window, cost in pipeline.drain("device", prepared):
+                    results = predict_window(task, window, runtime.device, errors)
+                    failed = errors.take_window() if errors is not None else {}
+                    pipeline.put(output, Written(window.window.first, window.keep, results, failed, cost,
+                                                 errors.stats() if errors is not None else {}, task.finish()))
+            except Terminated:  # commit the windows already predicted; the one on the device is lost
+                pipeline.finish_sink(output)
+                raise
+            pipeline.finish(output)
+            log.info("%s", pipeline.report())
+            stats = write.tally.stats(time.perf_counter() - started, runtime, resumed)
+            stats.update(bound_by=pipeline.bottleneck().name, stages=pipeline.busy_seconds(), started=round(began, 3),
+                         ended=round(time.time(), 3))
+            writer.add_key_value_metadata({STATS_KEY: json.dumps(stats), **write.content.metadata()})
+    remove_windows(folder)
     return stats
 
 
@@ -278,7 +357,18 @@ def write_empty_shard(job: ShardJob, plan: Plan, began: float) -> dict:
 
 
 def run_shard(job: ShardJob) -> dict:
-    """The infer rule: the shard's rows through the task into `job.output`, atomically."""
+    """The infer rule: the shard's rows through the task into `job.output`, atomically. SIGTERM
+    stops it cleanly: what is committed stays for the rerun (`shardinfer.shard.stop`)."""
+    try:
+        with stop_on_sigterm():
+            return compute_shard(job)
+    except Terminated:
+        start = read_plan(job.plan_path).ranges[job.shard][0]
+        row = resume_row(windows_folder(job.output), start)
+        raise UserError(f"shard {job.shard}: stopped by SIGTERM at row {row}; rerun resumes there") from None
+
+
+def compute_shard(job: ShardJob) -> dict:
     began = time.time()
     plan = read_plan(job.plan_path)
     plan.check_input_unchanged()
@@ -301,6 +391,7 @@ def run_shard(job: ShardJob) -> dict:
     if stats["truncated"]:
         log.info("%d text(s) longer than max_length=%d were truncated (first rows: %s)",
                  stats["truncated"], job.settings.model.max_length, stats["first_truncated_rows"])
-    log.info("wrote %s: %d rows in %.1f s (%.0f rows/s), padding ratio %.3f", job.output, stats["rows"],
-             stats["seconds"], stats["rows"] / max(stats["seconds"], 1e-9), stats["padding_ratio"])
+    rows = computed(stats, "rows")
+    log.info("wrote %s: %d rows (%d computed in %.1f s, %.0f rows/s), padding ratio %.3f", job.output, stats["rows"],
+             rows, stats["seconds"], rows / max(stats["seconds"], 1e-9), stats["padding_ratio"])
     return stats

@@ -40,6 +40,7 @@ class Pipeline:
         self.stop = threading.Event()
         self.errors: list[BaseException] = []
         self.threads: list[threading.Thread] = []
+        self.sinks: dict[int, threading.Thread] = {}  # by id of the sink's inbox
         self.blocked_s = 0.0  # the main thread's waits in `put`, not counted as its stage's work
 
     def __enter__(self) -> Pipeline:
@@ -94,7 +95,7 @@ class Pipeline:
             for item in self._items(inbox, stage):
                 self._timed(stage, function, item)
 
-        self._start(work)
+        self.sinks[id(inbox)] = self._start(work)
         return inbox
 
     def drain(self, name: str, inbox: queue.Queue) -> Iterator:
@@ -119,10 +120,17 @@ class Pipeline:
             self.blocked_s += time.perf_counter() - started
 
     def finish(self, outbox: queue.Queue) -> None:
-        """Tell a sink no more items come, and wait for it to finish them."""
-        self.put(outbox, _DONE)
+        """Tell a sink no more items come, and wait for it and every other stage to finish."""
+        self.finish_sink(outbox)
         for thread in self.threads:
             thread.join()
+        self._raise_failure()
+
+    def finish_sink(self, outbox: queue.Queue) -> None:
+        """Tell a sink no more items come and wait for it to finish those it has, while the stages
+        before the main thread may still be running: a job that stops early keeps what it has done."""
+        self.put(outbox, _DONE)
+        self.sinks[id(outbox)].join()
         self._raise_failure()
 
     def bottleneck(self) -> Stage:
@@ -137,7 +145,7 @@ class Pipeline:
         parts = ", ".join(f"{s.name} {s.busy_s:.2f} s (waited {s.waited_s:.2f} s)" for s in self.stages)
         return f"stages: {parts}; bound by {self.bottleneck().name}"
 
-    def _start(self, work: Callable[[], None]) -> None:
+    def _start(self, work: Callable[[], None]) -> threading.Thread:
         def guarded() -> None:
             try:
                 work()
@@ -150,6 +158,7 @@ class Pipeline:
         thread = threading.Thread(target=guarded, daemon=True)
         self.threads.append(thread)
         thread.start()
+        return thread
 
     def _raise_failure(self) -> None:
         if self.errors:

@@ -4,7 +4,8 @@ proven at gather like the rows.
 A shard's files go into a staging folder beside its final one (`results/files/.3.partial`), each
 named by its row's global index (`000001234.png`), so two shards or two rows can never write the
 same name. The folder takes its final name only once the shard's table is complete and closed,
-just before the table takes its own: a failed job leaves neither, and a job killed between the two
+just before the table takes its own: a failed job leaves neither (only the staging folder, whose
+files its committed windows may name: `shardinfer.shard.resume`), and a job killed between the two
 renames leaves a folder without its table, which Snakemake reruns as incomplete and gather refuses. The table records each file's path (relative to
 the working directory), byte size and SHA-256; gather checks every one and refuses any file the
 table does not name.
@@ -50,10 +51,20 @@ class ShardFiles:
         self.staging = staging_folder(folder)
         self.suffixes = suffixes
         self.committed = False
+        self.unsynced: list[Path] = []
+
+    def sync(self) -> None:
+        """The files written since the last call, and their names in the staging folder, on disk:
+        before the window that names them is committed."""
+        for path in self.unsynced:
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+        fsync_folder(self.staging)
+        self.unsynced = []
 
     def commit(self) -> None:
         """The staging folder, synced to disk, takes the folder's name (replacing an earlier one)."""
-        _fsync_folder(self.staging)
+        self.sync()
         shutil.rmtree(self.folder, ignore_errors=True)
         os.replace(self.staging, self.folder)
         self.committed = True
@@ -71,45 +82,42 @@ class ShardFiles:
             name = expected_name(row, column, self.suffixes)
             data = bytes(value)
             (self.staging / name).write_bytes(data)
+            self.unsynced.append(self.staging / name)
             described.append({"path": str(self.folder / name), "size": len(data),
                               "sha256": hashlib.sha256(data).hexdigest()})
         return pa.array(described, type=FILE_TYPE)
-
-
-def _fsync_folder(folder: Path) -> None:
-    for entry in folder.iterdir():
-        with open(entry, "rb") as handle:
-            os.fsync(handle.fileno())
-    fsync_folder(folder)
 
 
 @contextmanager
 def staged_files(folder: str | None, suffixes: dict[str, str]) -> Iterator[ShardFiles | None]:
     """A ShardFiles whose staging folder replaces `folder` when its `commit()` is called (by the
     table's writer, just before the table takes its name: `atomic_parquet_writer(before_commit=)`).
-    Any failure in the block, the commit's included, removes the staging folder, and the folder if
-    it was already committed. None (and nothing on disk) when the shard job has no files folder."""
+    A staging folder left by a stopped job is kept: its files may belong to committed windows,
+    which resuming proves (`shardinfer.shard.resume`), removing the others. A failure in the block
+    after the commit renames the committed folder back to staging. None (and nothing on disk) when the shard job has
+    no files folder."""
     if folder is None:
         yield None
         return
     files = ShardFiles(folder, suffixes)
-    shutil.rmtree(files.staging, ignore_errors=True)  # a killed job's leftover
-    files.staging.mkdir(parents=True)
+    files.staging.mkdir(parents=True, exist_ok=True)  # a stopped job's: kept for its committed windows
     try:
         yield files
         if not files.committed:
             raise RuntimeError(f"files of `{folder}` were staged but never committed with their table")
     except BaseException:
-        shutil.rmtree(files.staging, ignore_errors=True)
-        if files.committed:
-            shutil.rmtree(files.folder, ignore_errors=True)
+        if files.committed:  # back to staging, where the committed windows' files are looked for
+            shutil.rmtree(files.staging, ignore_errors=True)
+            os.replace(files.folder, files.staging)
         raise
 
 
-def prove_files(table: pa.Table, folder: str, suffixes: dict[str, str]) -> set[str]:
+def prove_files(table: pa.Table, folder: str, suffixes: dict[str, str], recorded: str | None = None) -> set[str]:
     """Every row that names a file has exactly that file: its own name (by index), size and SHA-256.
     A failed row (row_errors: record, its `error` set) has no file by design, and must name none.
-    Returns the names seen, so the caller can refuse files no row names. Raises ProofError naming the row."""
+    `recorded`: the folder the rows name when the files are still elsewhere (a resumed shard's
+    staging folder); by default `folder`. Returns the names seen, so the caller can refuse files no
+    row names. Raises ProofError naming the row."""
     index = table.column(INDEX_COLUMN).to_numpy()
     errors = table.column(ERROR_COLUMN).to_pylist() if ERROR_COLUMN in table.column_names else [None] * len(index)
     seen = set()
@@ -121,8 +129,9 @@ def prove_files(table: pa.Table, folder: str, suffixes: dict[str, str]) -> set[s
                 continue
             name = expected_name(row, column, suffixes)
             path = Path(folder) / name
-            if value["path"] != str(path):
-                raise ProofError(f"row {row}: column `{column}` names `{value['path']}`, not its own file `{path}`")
+            if value["path"] != str(Path(recorded or folder) / name):
+                raise ProofError(f"row {row}: column `{column}` names `{value['path']}`, not its own file "
+                                 f"`{Path(recorded or folder) / name}`")
             if not path.is_file():
                 raise ProofError(f"row {row}: file `{path}` is missing; rerun its shard")
             if path.stat().st_size != value["size"]:

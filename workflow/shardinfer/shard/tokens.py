@@ -172,7 +172,9 @@ class TokenReader:
         self.pending = tokens_schema({}, data).remove_metadata().empty_table()
 
     def take(self, first: int, rows: int) -> TokenWindow:
-        """Rows [first, first + rows) of the file; refused when the file holds other rows there."""
+        """Rows [first, first + rows) of the file; refused when the file holds other rows there.
+        Rows before `first` are passed over (a resumed shard's kept rows)."""
+        self._pass_over(first)
         while self.pending.num_rows < rows and (batch := next(self.batches, None)) is not None:
             self.pending = pa.concat_tables([self.pending, pa.Table.from_batches([batch]).cast(self.pending.schema)])
         table, self.pending = self.pending.slice(0, rows), self.pending.slice(rows)
@@ -182,6 +184,19 @@ class TokenReader:
         truncated = np.flatnonzero(table.column("truncated").to_numpy(zero_copy_only=False)).tolist()
         data = {name: list_rows(table.column(name)) for name in self.data}
         return TokenWindow(first, list_rows(table.column("input_ids")), truncated, data)
+
+
+    def _pass_over(self, first: int) -> None:
+        while True:
+            if self.pending.num_rows == 0:
+                batch = next(self.batches, None)
+                if batch is None:
+                    return
+                self.pending = pa.Table.from_batches([batch]).cast(self.pending.schema)
+            lead = first - self.pending.column(INDEX_COLUMN)[0].as_py()
+            if lead <= 0:
+                return
+            self.pending = self.pending.slice(min(lead, self.pending.num_rows))
 
 
 def list_rows(column: pa.ChunkedArray) -> list[np.ndarray]:
