@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from shardinfer.atomic import atomic_parquet_writer, partial_path
+from shardinfer.errors import UserError
 from shardinfer.shard.row_files import staged_files, staging_folder
 
 WORKFLOW = os.path.join(os.path.dirname(__file__), "..", "workflow")
@@ -45,22 +46,6 @@ def test_a_kill_at_any_point_leaves_no_complete_looking_file(tmp_path, point):
     assert result.returncode == -signal.SIGKILL
     assert not path.exists()
     assert partial_path(path).exists()  # the leftover's name says it is partial; the rerun replaces it
-
-
-def test_disk_full_leaves_neither_file_and_keeps_the_old_one(tmp_path, monkeypatch):
-    path = tmp_path / "0.parquet"
-    pq.write_table(pa.table({"index": [7]}), path)
-
-    def full(self, table, *args, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(pq.ParquetWriter, "write_table", full)
-    with pytest.raises(OSError, match="No space left on device"):
-        with atomic_parquet_writer(path, SCHEMA) as writer:
-            writer.write_table(pa.table({"index": [1, 2]}))
-    assert not partial_path(path).exists()
-    monkeypatch.undo()
-    assert pq.read_table(path).column("index").to_pylist() == [7]
 
 
 def test_a_successful_write_is_complete(tmp_path):
@@ -111,7 +96,7 @@ def test_a_failed_close_or_table_rename_leaves_neither_table_nor_files_folder(tm
         monkeypatch.setattr(pq.ParquetWriter, "close", close)
     else:
         monkeypatch.setattr(os, "replace", replace)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(UserError, match=f"no space left on the device while writing `{table}`"):
         with staged_files(str(files), {"blob": ".bin"}) as staged, \
                 atomic_parquet_writer(table, SCHEMA, staged.commit) as writer:
             staged.write("blob", [b"a"], np.arange(1))
@@ -119,3 +104,23 @@ def test_a_failed_close_or_table_rename_leaves_neither_table_nor_files_folder(tm
     assert not table.exists() and not files.exists()
     # the files stay in staging, where a rerun proves them against its committed windows or removes them
     assert [p.name for p in staging_folder(files).iterdir()] == ["000000000.bin"]
+
+
+def test_a_full_disk_is_one_line_naming_the_file_leaves_nothing_and_keeps_the_old_file(tmp_path):
+    # the partial file and a staged per-row file are links to /dev/full: the kernel's own ENOSPC
+    target = tmp_path / "shards" / "0.parquet"
+    target.parent.mkdir()
+    pq.write_table(pa.table({"index": [7]}), target)
+    partial_path(target).symlink_to("/dev/full")
+    with pytest.raises(UserError, match=rf"no space left on the device while writing `{target}`; free space") as caught:
+        with atomic_parquet_writer(target, SCHEMA) as writer:
+            writer.write_table(pa.table({"index": list(range(100_000))}))
+    assert "\n" not in str(caught.value) and not partial_path(target).exists()
+    assert pq.read_table(target).column("index").to_pylist() == [7]
+
+    folder = tmp_path / "files"
+    staging_folder(folder).mkdir()
+    (staging_folder(folder) / "000000007.png").symlink_to("/dev/full")
+    with pytest.raises(UserError, match=r"no space left on the device while writing `.*000000007.png`"):
+        with staged_files(str(folder), {"image": ".png"}) as files:
+            files.write("image", [b"x" * 10], np.array([7]))

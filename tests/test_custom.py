@@ -30,6 +30,7 @@ from shardinfer.proof.gather import run_gather
 from shardinfer.shard.job import ShardJob, run_shard
 from shardinfer.plan import remove_stale_shards, run_plan
 from shardinfer.proof.shard_file import IDENTITY_KEY
+from shardinfer.shard.resume import resume_row, windows_folder
 
 EXAMPLE = REPO / "examples" / "image-transfer"
 ROWS = 13
@@ -258,7 +259,11 @@ def test_hook_faults_fail_the_shard_in_one_line_and_leave_nothing(tmp_path, made
         run_shard(job)
     assert "\n" not in str(caught.value)
     assert not Path(job.output).exists() and not Path(job.files).exists()
-    assert not list(tmp_path.glob("files/.*.partial"))
+    # what stays is the committed windows and their files, for a rerun to resume from; nothing else
+    committed = resume_row(windows_folder(job.output), 4)
+    assert sorted(p.name for p in tmp_path.glob("files/.*.partial/*")) == [f"{i:09d}.bin" for i in range(4, committed)]
+    if committed == 4:
+        assert not list(tmp_path.glob("files/.*.partial")) and not list(tmp_path.glob("shards/.*"))
     if "RuntimeError" in body:
         assert "Traceback" in caplog.text and "bad pixel" in caplog.text and "hook.py" in caplog.text
 

@@ -70,6 +70,19 @@ def test_a_fraction_for_an_integer_column_names_the_row_or_the_column():
     assert task.typed("n", "list<int64>", [[1.0], np.array([2.0, 3.0])], np.array([3, 4])).to_pylist() == [[1], [2, 3]]
 
 
+def test_a_float_beyond_a_narrower_floats_range_is_refused_not_stored_as_inf():
+    task = custom({"x": "float32", "v": "list<float32>", "h": "float16"})
+    refused(lambda: task.typed("x", "float32", [1.0, 1e300], np.array([7, 8])),
+            r"row 8: column `x` is declared float32 but got 1e\+300 \(beyond float32's range; declare float64\)")
+    refused(lambda: task.typed("x", "float32", np.array([1e300, 2.0]), np.array([7, 8])), r"row 7: column `x`")
+    refused(lambda: task.typed("v", "list<float32>", np.array([[1.0, 2.0], [3.0, -1e39]]), np.array([4, 5])),
+            r"row 5: column `v` is declared list<float32> but got -1e\+39")
+    refused(lambda: task.typed("v", "list<float32>", [None, [1.0], [2.0, 5e38]], np.array([4, 5, 6])), r"row 6: ")
+    refused(lambda: task.typed("h", "float16", [70000.0], np.array([3])), r"row 3: column `h` .* got 70000\.0")
+    kept = task.typed("x", "float32", [float("inf"), float("nan"), None, 3e38], np.arange(4)).to_pylist()
+    assert kept[0] == float("inf") and kept[1] != kept[1] and kept[2] is None  # an inf given is an inf kept
+
+
 def test_values_that_fail_only_together_name_the_column_type_and_cause(monkeypatch):
     task = custom({"n": "int64"})
     real = pa.array

@@ -344,3 +344,31 @@ def test_csv_last_record_of_spaces_without_a_newline_is_a_row(tmp_path, monkeypa
     expected = pacsv.read_csv(path).column("text").to_pylist()
     assert len(expected) == 2 and scan_input(settings).rows == 2 and count_rows(settings) == 2
     assert [t for _, b in iter_range(settings, 0, 2) for t in b.column("text").to_pylist()] == expected
+
+
+def test_a_map_keep_column_is_kept_and_proven_and_a_union_is_refused_at_the_plan(tmp_path):
+    from shardinfer.proof.content_digest import table_digest
+    import pyarrow.parquet as pq
+
+    frame = input_frame(30)
+    maps = pa.array([[("k", i), ("j", -i)] if i % 3 else None for i in range(30)], pa.map_(pa.string(), pa.int64()))
+    table = pa.Table.from_pandas(frame, preserve_index=False).append_column("counts", maps)
+    path = tmp_path / "in.parquet"
+    pq.write_table(table, path)
+    inp = settings_for(path, keep_columns=("id", "counts"))
+    assert scan_input(inp).rows == 30
+    read = pa.Table.from_batches([batch for _, batch in iter_range(inp, 7, 23)])
+    assert read.column("counts").to_pylist() == maps.to_pylist()[7:23]
+    # the digest of windows as a shard writes them equals the digest of the file read back whole
+    pq.write_table(read, tmp_path / "shard.parquet")
+    assert table_digest(read.slice(0, 16)) == table_digest(pq.read_table(tmp_path / "shard.parquet"))
+    assert table_digest(read.slice(1)) != table_digest(read.slice(0, 15))
+
+    union = pa.UnionArray.from_sparse(pa.array([0, 1] * 15, pa.int8()), [pa.array(range(30)), pa.array(["x"] * 30)])
+    import pyarrow.feather as feather
+
+    feather.write_feather(pa.Table.from_pandas(frame, preserve_index=False).append_column("either", union),
+                          tmp_path / "in.arrow")
+    with pytest.raises(UserError, match=r"input.keep_columns: `either` holds sparse_union<.*> in `.*in.arrow`, "
+                                        r"which a shard table cannot hold and prove; allowed: numbers"):
+        scan_input(settings_for(tmp_path / "in.arrow", keep_columns=("id", "either")))

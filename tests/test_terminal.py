@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from shardinfer.shard.progress import Progress, eta
-from shardinfer.terminal import summary_lines
+from shardinfer.terminal import run_first_rows, summary_lines
 
 SUMMARY = {
     "rows": 1000, "shards": 4, "truncated": 3, "model": {"max_length": 32},
@@ -26,6 +26,17 @@ def test_summary_says_rows_where_speed_and_truncated_rows():
     assert "(first rows: 2, 7, 901)" in truncated and "results/summary.json" in truncated
     assert not any("no GPU" in line for line in lines)
     assert lines[-1].endswith("snakemake --report report.zip")
+
+
+def test_the_first_rows_are_the_runs_not_each_shards():
+    # shard 0 counted 12 truncated texts but lists its first 10: rows 10 and 11 of it come before
+    # any of shard 1's, so shard 1's rows (500, 501) are not among the run's first
+    shards = [{"first_truncated_rows": list(range(10)), "truncated": 12},
+              {"first_truncated_rows": [500, 501], "truncated": 2}]
+    assert run_first_rows(shards, "first_truncated_rows", "truncated", wanted=10) == list(range(10))
+    assert run_first_rows(shards[:1] + shards, "first_truncated_rows", "truncated", wanted=12) == list(range(10))
+    shards[0] = {"first_truncated_rows": [3, 1], "truncated": 2}  # all listed: the next shard's follow
+    assert run_first_rows(shards, "first_truncated_rows", "truncated") == [1, 3, 500, 501]
 
 
 def test_a_cpu_only_run_is_a_warning_and_no_truncation_no_line():

@@ -273,5 +273,5 @@ def test_an_engine_failing_mid_shard_leaves_no_table(everything):
     workdirs, result, _ = everything
     workdir = workdirs["fails", 1]
     line = refused(result, workdir)
-    assert "vLLM failed on rows 17..32" in line and "nothing of this shard was written" in line
+    assert "vLLM failed on rows 17..32" in line and "the shard's table was not written" in line
     assert not list((workdir / "results" / "shards").glob("*"))  # no table, no partial file

@@ -5,6 +5,7 @@ A job killed mid-write leaves only a `.<name>.partial` file, which no later step
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from contextlib import contextmanager
@@ -13,6 +14,10 @@ from typing import Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from shardinfer.errors import UserError
+
+FULL = ("No space left on device", "Disk quota exceeded")  # as Arrow's IO errors say it, without an errno
 
 
 def partial_path(path: Path) -> Path:
@@ -35,6 +40,24 @@ def _commit(tmp: Path, path: Path) -> None:
     fsync_folder(path.parent)
 
 
+def no_space(error: BaseException) -> bool:
+    """Whether an OS (or Arrow IO) error says the disk or the user's quota is full."""
+    return isinstance(error, OSError) and (error.errno in (errno.ENOSPC, errno.EDQUOT)
+                                           or any(text in str(error) for text in FULL))
+
+
+@contextmanager
+def naming_full_disk(path: str | Path) -> Iterator[None]:
+    """A full disk while writing `path` is one line naming it, not a traceback without a path."""
+    try:
+        yield
+    except OSError as error:
+        if not no_space(error):
+            raise
+        raise UserError(f"no space left on the device while writing `{path}`; free space there (or move the "
+                        "workflow's folder to a larger disk) and rerun: finished work is kept") from None
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path to write; on success it replaces `path`, on error it is removed."""
@@ -42,8 +65,9 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = partial_path(path)
     try:
-        yield tmp
-        _commit(tmp, path)
+        with naming_full_disk(path):
+            yield tmp
+            _commit(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -108,10 +108,10 @@ def warnings(summary: dict, summary_path: str, shard_logs: str) -> Iterator[str]
     if unscored:
         yield unscored
     if summary.get("truncated"):
-        first = sorted(row for shard in summary["per_shard"] for row in shard.get("first_truncated_rows") or [])
+        first = run_first_rows(summary["per_shard"], "first_truncated_rows", "truncated")
         max_length = run.get("max_length") or (summary.get("model") or {}).get("max_length")
         yield (f"shardinfer: WARNING {summary['truncated']:,} of {summary['rows']:,} texts were longer than "
-               f"max_length={max_length} tokens and were truncated (first rows: {', '.join(map(str, first[:10]))}); "
+               f"max_length={max_length} tokens and were truncated (first rows: {', '.join(map(str, first))}); "
                f"each shard's first ones are in {summary_path} (per_shard: first_truncated_rows) and {shard_logs}")
     devices = run.get("devices") or []
     if devices and all(device.startswith("cpu") for device in devices):
@@ -122,8 +122,21 @@ def warnings(summary: dict, summary_path: str, shard_logs: str) -> Iterator[str]
 def failed_rows(summary: dict) -> tuple[int, list[int]]:
     """Rows that failed and were recorded (row_errors: record) over all shards, and the first ones."""
     shards = summary.get("per_shard") or []
-    first = sorted(row for shard in shards for row in shard.get("first_row_errors") or [])
-    return sum(shard.get("row_errors") or 0 for shard in shards), first[:10]
+    count = sum(shard.get("row_errors") or 0 for shard in shards)
+    return count, run_first_rows(shards, "first_row_errors", "row_errors")
+
+
+def run_first_rows(shards: list[dict], rows_key: str, count_key: str, wanted: int = 10) -> list[int]:
+    """The run's first rows of a kind (truncated, failed) from each shard's first ones (`shards` in
+    input order, as gather lists them): a shard that listed fewer than it counted hides rows
+    before the next shard's, so none after it is taken."""
+    first: list[int] = []
+    for shard in shards:
+        listed = sorted(shard.get(rows_key) or [])
+        first.extend(listed)
+        if len(first) >= wanted or len(listed) < (shard.get(count_key) or 0):
+            break
+    return first[:wanted]
 
 
 def row_errors_line(summary: dict, predictions: str) -> str | None:

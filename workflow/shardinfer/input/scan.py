@@ -13,11 +13,13 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
 from shardinfer.input.formats import format_named
 from shardinfer.input.formats.base import Mark, Span
+from shardinfer.proof.content_digest import table_digest
 
 NULLS_LISTED = 5
 
@@ -59,6 +61,30 @@ def _check_columns(inp: InputSettings, fields: pa.Schema | None) -> None:
                             "rename them so that each name is one column")
 
 
+def _check_keep_types(inp: InputSettings, fields: pa.Schema | None) -> None:
+    """Each kept column's type is one a shard can write and prove (`keeps_type`): found at the
+    plan, not by every shard after its model has loaded."""
+    if not inp.keep_columns:
+        return
+    types = format_named(inp.format).column_types(inp, fields)
+    for column, kind in ((column, types[column]) for column in inp.keep_columns):
+        if not keeps_type(kind):
+            raise UserError(f"input.keep_columns: `{column}` holds {kind} in `{inp.path}`, which a shard table "
+                            "cannot hold and prove; allowed: numbers, text, binary, booleans, dates and times, "
+                            "decimals, and lists, structs and maps of them")
+
+
+def keeps_type(kind: pa.DataType) -> bool:
+    """Whether a column of this type can be written to a shard's Parquet file and digested."""
+    try:
+        probe = pa.table({"probe": pa.nulls(1, kind)})
+        table_digest(probe)
+        pq.write_table(probe, pa.BufferOutputStream())
+    except (pa.ArrowException, NotImplementedError, TypeError, ValueError):
+        return False
+    return True
+
+
 def _check_text_type(inp: InputSettings, column: str, text: pa.Array) -> None:
     kind = text.type.value_type if pa.types.is_dictionary(text.type) else text.type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)):
@@ -97,6 +123,7 @@ def scan_input(inp: InputSettings, fields: pa.Schema | None = None) -> InputScan
     fmt = format_named(inp.format)
     fields = fields if fields is not None else fmt.fields(inp)
     _check_columns(inp, fields)
+    _check_keep_types(inp, fields)
     measure = _TextMeasure(inp) if inp.text_columns else None
     rows, marks = 0, []
     task_only = dataclasses.replace(inp, keep_columns=())  # the task's columns only

@@ -16,7 +16,8 @@ chunks feeds each stream the same bytes:
 - booleans: one byte per valid value;
 - strings and binaries (any offset width, views): the valid values' lengths as int64, and their bytes;
 - lists (any offset width, fixed size, views): the valid lists' lengths as int64, then their items
-  as a column of their own; structs: each field as a column of its own;
+  as a column of their own; structs: each field as a column of its own; maps: as lists of
+  (key, value) structs;
 - dictionaries: decoded first, so the index width and dictionary order do not matter;
 - anything else: each valid value's Python repr, one per line (slow, but correct).
 
@@ -45,7 +46,7 @@ def _is_binary(kind: pa.DataType) -> bool:
 
 def _is_list(kind: pa.DataType) -> bool:
     return any(test(kind) for test in (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list,
-                                       pa.types.is_list_view, pa.types.is_large_list_view, pa.types.is_map))
+                                       pa.types.is_list_view, pa.types.is_large_list_view))
 
 
 def _fixed_width(kind: pa.DataType) -> bool:
@@ -80,6 +81,8 @@ def column_pieces(array: pa.Array, path: str) -> Iterator[tuple[str, bytes | mem
     """(stream name, bytes) pairs of one array in the canonical form (module docstring)."""
     if pa.types.is_dictionary(array.type):
         array = array.dictionary_decode()
+    if pa.types.is_map(array.type):  # a map is a list of (key, value) structs, and digests as one
+        array = array.cast(pa.list_(pa.struct([array.type.key_field, array.type.item_field])))
     kind = array.type
     yield f"{path}\0valid", array.is_valid().to_numpy(zero_copy_only=False).astype(np.uint8).tobytes()
     valid = array.drop_null() if array.null_count else array

@@ -32,14 +32,15 @@ from shardinfer.config import Settings
 from shardinfer.proof.content_digest import ContentHasher
 from shardinfer.shard.device_loop import RowErrors, predict_window, prepare_batches
 from shardinfer.errors import UserError
-from shardinfer.shard.row_files import ShardFiles, staged_files
+from shardinfer.shard.row_files import ShardFiles, staged_files, staging_folder
 from shardinfer.shard.lease import Lease, acquire_device, default_wait_s
 from shardinfer.shard.models import choose_device, choose_dtype
 from shardinfer.shard.pipeline import Pipeline
 from shardinfer.plan import Plan, read_plan
 from shardinfer.shard.progress import Progress
 from shardinfer.proof.shard_file import ERROR_COLUMN, STATS_KEY, computed, file_columns, shard_schema
-from shardinfer.shard.resume import assemble, commit_window, keep_committed, remove_windows, resume_row, windows_folder
+from shardinfer.shard.resume import (assemble, commit_window, keep_committed, left_for_rerun, remove_windows,
+                                     windows_folder)
 from shardinfer.shard.stop import Terminated, stop_on_sigterm
 from shardinfer.input.parts import windows
 from shardinfer.tasks import engine_class, task_class
@@ -47,6 +48,7 @@ from shardinfer.tasks.base import LoadContext, Task, Window
 from shardinfer.shard.tokens import check_token_file, token_identity
 
 log = logging.getLogger(__name__)
+FIRST_ROWS = 10  # truncated rows a shard lists by row number, for the terminal's run-wide first ones
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ class Tally:
         self.padded_tokens += cost.padded_tokens
         self.lengths.update(cost.lengths)
         self.truncated += len(cost.truncated)
-        self.truncated_rows.extend(cost.truncated[: 5 - len(self.truncated_rows)])
+        self.truncated_rows = sorted([*self.truncated_rows, *cost.truncated])[:FIRST_ROWS]  # windows run sorted
         self.row_errors, self.task = row_errors, task
 
     def to_json(self) -> dict:
@@ -363,9 +365,24 @@ def run_shard(job: ShardJob) -> dict:
         with stop_on_sigterm():
             return compute_shard(job)
     except Terminated:
-        start = read_plan(job.plan_path).ranges[job.shard][0]
-        row = resume_row(windows_folder(job.output), start)
+        row = leave_for_rerun(job)
         raise UserError(f"shard {job.shard}: stopped by SIGTERM at row {row}; rerun resumes there") from None
+    except Exception:
+        row = leave_for_rerun(job)
+        if row is not None and row > read_plan(job.plan_path).ranges[job.shard][0]:
+            log.info("the windows before row %d are committed: a rerun with the same plan and settings resumes there",
+                     row)
+        raise
+
+
+def leave_for_rerun(job: ShardJob) -> int | None:
+    """The row a rerun of the failed or stopped job resumes at (None: no plan to read it from);
+    a job that committed nothing leaves nothing (`resume.left_for_rerun`)."""
+    try:
+        start = read_plan(job.plan_path).ranges[job.shard][0]
+    except (OSError, UserError, ValueError, KeyError, IndexError):
+        return None
+    return left_for_rerun(windows_folder(job.output), job.files and staging_folder(job.files), start)
 
 
 def compute_shard(job: ShardJob) -> dict:

@@ -164,3 +164,14 @@ def resume_row(folder: Path, start: int) -> int:
             break
         row = meta["end"]
     return row
+
+
+def left_for_rerun(folder: Path, staging: Path | None, start: int) -> int:
+    """After a job that failed or stopped: the row a rerun resumes at. A job that committed no
+    window leaves nothing (its windows folder and staged per-row files are removed)."""
+    row = resume_row(folder, start)
+    if row == start:
+        shutil.rmtree(folder, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+    return row

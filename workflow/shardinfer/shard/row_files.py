@@ -23,7 +23,7 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-from shardinfer.atomic import fsync_folder, partial_path
+from shardinfer.atomic import fsync_folder, naming_full_disk, partial_path
 from shardinfer.errors import ProofError, UserError
 from shardinfer.input.identity import file_digest
 from shardinfer.proof.shard_file import ERROR_COLUMN, FILE_TYPE, INDEX_COLUMN, file_name
@@ -81,7 +81,8 @@ class ShardFiles:
                                 f"got {type(value).__name__}")
             name = expected_name(row, column, self.suffixes)
             data = bytes(value)
-            (self.staging / name).write_bytes(data)
+            with naming_full_disk(self.staging / name):
+                (self.staging / name).write_bytes(data)
             self.unsynced.append(self.staging / name)
             described.append({"path": str(self.folder / name), "size": len(data),
                               "sha256": hashlib.sha256(data).hexdigest()})

@@ -172,7 +172,8 @@ def tokenize_ahead_refused(task: str, why: str) -> UserError:
 
 def matrix_to_list_array(matrix: np.ndarray) -> pa.Array:
     """A (rows, width) float matrix as an Arrow list<float32> column, one list per row."""
-    matrix = np.ascontiguousarray(matrix, dtype=np.float32)
+    with np.errstate(over="ignore"):  # a custom task refuses what overflowed (`Custom.refuse_overflow`)
+        matrix = np.ascontiguousarray(matrix, dtype=np.float32)
     rows, width = matrix.shape
     offsets = np.arange(0, rows * width + 1, width, dtype=np.int32)
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(matrix.reshape(-1)))

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from shardinfer.errors import RowError, UserError
 from shardinfer.proof.shard_file import INDEX_COLUMN, arrow_type, file_suffix
@@ -228,7 +229,10 @@ class Custom(Task):
         kind = arrow_type(spec)
         if isinstance(values, np.ndarray) and values.ndim > 1:  # a matrix: one list per row
             if kind == pa.list_(pa.float32()) and values.ndim == 2 and values.shape[1] and values.dtype.kind in "fiu":
-                return matrix_to_list_array(values)
+                array = matrix_to_list_array(values)
+                if values.dtype.itemsize > 4 and values.dtype.kind == "f":
+                    self.refuse_overflow(name, spec, array, pa.array(list(values), pa.list_(pa.float64())), index)
+                return array
             values = values.tolist()
         values = values if isinstance(values, np.ndarray) else list(values)
         inner = kind
@@ -238,7 +242,10 @@ class Custom(Task):
         if pa.types.is_integer(inner) and not numeric:
             self.refuse_fractions(name, spec, values, index)
         try:
-            return pa.array(values, type=kind)
+            array = pa.array(values, type=kind)
+            if _narrow_float(inner):
+                self.refuse_overflow(name, spec, array, pa.array(values, type=_with_float64(kind)), index)
+            return array
         except CONVERSION_ERRORS as error:
             for k, row in enumerate(index.tolist()):
                 value = values[k: k + 1]  # an array's slice: numpy's own cast rules, as for the whole
@@ -251,6 +258,19 @@ class Custom(Task):
             raise UserError(f"model.entrypoint `{self.entrypoint}`: column `{name}` is declared {spec} but its values "
                             f"do not convert to it: {first_line:.200}") from error
 
+    def refuse_overflow(self, name: str, spec: str, array: pa.Array, wide: pa.Array, index: np.ndarray) -> None:
+        """Arrow (and numpy) turn a float beyond a narrower float's range into inf silently (1e300
+        as float32); `wide`: the same values as float64."""
+        rows = np.arange(len(array))
+        while pa.types.is_list(array.type):
+            rows = rows[pc.list_parent_indices(array).to_numpy()]
+            array, wide = pc.list_flatten(array), pc.list_flatten(wide)
+        grew = pc.and_(pc.is_inf(array), pc.invert(pc.is_inf(wide))).fill_null(False).to_numpy(zero_copy_only=False)
+        if grew.any():
+            first = int(np.flatnonzero(grew)[0])
+            raise UserError(f"model.entrypoint `{self.entrypoint}`: row {int(index[rows[first]])}: column `{name}` is "
+                            f"declared {spec} but got {wide[first].as_py()!r} (beyond {spec}'s range; declare float64)")
+
     def refuse_fractions(self, name: str, spec: str, values: list, index: np.ndarray) -> None:
         """Arrow turns a float into an integer silently (1.5 -> 1), in a list too; a whole array of
         floats it refuses."""
@@ -259,6 +279,15 @@ class Custom(Task):
             if fraction is not None:
                 raise UserError(f"model.entrypoint `{self.entrypoint}`: row {row}: column `{name}` is declared "
                                 f"{spec} but got {fraction!r:.60} (not a whole number)")
+
+
+def _narrow_float(kind: pa.DataType) -> bool:
+    return pa.types.is_float16(kind) or pa.types.is_float32(kind)
+
+
+def _with_float64(kind: pa.DataType) -> pa.DataType:
+    """The type with float64 in place of its (nested) float values: what the user's values hold."""
+    return pa.list_(_with_float64(kind.value_type)) if pa.types.is_list(kind) else pa.float64()
 
 
 def _first_fraction(value: Any) -> Any:

@@ -349,7 +349,7 @@ class VllmGenerate(Generate):
             outputs = self.engine.wait_for_completion(RequestOutput, use_tqdm=EngineProgress)
         except (VLLMError, RuntimeError, ValueError, IndexError, KeyError, TypeError) as error:
             raise UserError(f"vLLM failed on rows {index[0]}..{index[-1]} ({type(error).__name__}: "
-                            f"{first_line(error)}); nothing of this shard was written") from error
+                            f"{first_line(error)}); the shard's table was not written") from error
         return matched_results(request_ids, outputs, ids, index, self.eos_ids, self.options["stop"])
 
 

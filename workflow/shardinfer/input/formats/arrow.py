@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Iterator
 import pyarrow as pa
 
 from shardinfer.errors import UserError
-from shardinfer.input.formats.base import Format, Mark, Span, conform, empty_batch, select, widened_fields
+from shardinfer.input.formats.base import Format, Mark, Span, conform, empty_batch, schema_types, select, widened_fields
 
 if TYPE_CHECKING:  # the settings are read, never built here: config builds them through discovery
     from shardinfer.config import InputSettings
@@ -55,6 +55,9 @@ class Arrow(Format):
 
     def no_rows(self, inp: InputSettings, fields: pa.Schema | None = None) -> pa.RecordBatch:
         return conform(empty_batch(self._schema(inp.path), inp.read_columns), fields, inp.read_columns)
+
+    def column_types(self, inp: InputSettings, fields: pa.Schema | None = None) -> dict[str, pa.DataType]:
+        return schema_types(self._schema(inp.path), fields, inp.read_columns)
 
     def _all_batches(self, path: str, first: int = 0) -> Iterator[tuple[int, pa.RecordBatch]]:
         """(row of its first row, batch) for each batch that ends after row `first`."""

@@ -123,6 +123,11 @@ class Format:
                             "types to write an empty table with")
         return empty_batch(fields, inp.read_columns)
 
+    def column_types(self, inp: InputSettings, fields: pa.Schema | None = None) -> dict[str, pa.DataType]:
+        """The read columns' types as a shard reads them (in the plan's types, `fields`)."""
+        batch = self.no_rows(inp, fields)
+        return dict(zip(batch.schema.names, batch.schema.types))
+
     def count_rows(self, inp: InputSettings, fields: pa.Schema | None = None) -> int:
         """The file's rows, as gather proves them (by default: read through)."""
         return sum(batch.num_rows for _, batch in self.batches(inp, None, fields))
@@ -165,6 +170,13 @@ def conform(batch: pa.RecordBatch, fields: pa.Schema | None, columns: list[str])
         return batch
     arrays = [array if kind is None else array.cast(kind) for kind, array in zip(types, batch.columns)]
     return pa.RecordBatch.from_arrays(arrays, names=columns)
+
+
+def schema_types(schema: pa.Schema, fields: pa.Schema | None, columns: list[str]) -> dict[str, pa.DataType]:
+    """`columns`' types in a file's `schema`, or in the plan's `fields` where they name one: a
+    typed format's `column_types` without building a batch (Arrow builds none of a union)."""
+    named = fields if fields is not None else pa.schema([])
+    return {c: (named.field(c) if c in named.names else schema.field(c)).type for c in columns}
 
 
 def empty_batch(schema: pa.Schema, columns: list[str]) -> pa.RecordBatch:

@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardinfer.atomic import atomic_parquet_writer
-from shardinfer.input.formats.base import (Format, Held, Mark, Span, conform, empty_batch, rows_between, select,
-                                           widened_fields)
+from shardinfer.input.formats.base import (Format, Held, Mark, Span, conform, empty_batch, rows_between,
+                                           schema_types, select, widened_fields)
 from shardinfer.input.identity import file_digest
 
 if TYPE_CHECKING:  # the settings are read, never built here: config builds them through discovery
@@ -64,6 +64,9 @@ class Parquet(Format):
 
     def no_rows(self, inp: InputSettings, fields: pa.Schema | None = None) -> pa.RecordBatch:
         return conform(empty_batch(self._schema(inp.path), inp.read_columns), fields, inp.read_columns)
+
+    def column_types(self, inp: InputSettings, fields: pa.Schema | None = None) -> dict[str, pa.DataType]:
+        return schema_types(self._schema(inp.path), fields, inp.read_columns)
 
     def batches(self, inp: InputSettings, span: Span | None = None, fields: pa.Schema | None = None,
                 row_groups: list[int] | None = None) -> Iterator[tuple[Mark | None, pa.RecordBatch]]:
