@@ -6,11 +6,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
 snakemake = globals()["snakemake"]  # the job object injected by the script: directive
 
-from shardinfer.config import EvaluateSettings, Settings  # noqa: E402
+from shardinfer.config import EvaluateSettings, job_settings  # noqa: E402
 from shardinfer.proof.gather import run_gather  # noqa: E402
 from shardinfer.jobs import run_job  # noqa: E402
 
-settings = Settings.from_dict(snakemake.params.settings)
+settings = job_settings(snakemake.params.settings, snakemake.config)
 run_job(
     snakemake.log[0],
     run_gather,

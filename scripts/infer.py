@@ -6,7 +6,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
 snakemake = globals()["snakemake"]  # the job object injected by the script: directive
 
-from shardinfer.config import Settings  # noqa: E402
+from shardinfer.config import job_settings  # noqa: E402
 from shardinfer.shard.job import ShardJob, run_shard  # noqa: E402
 from shardinfer.jobs import run_job  # noqa: E402
 
@@ -14,7 +14,7 @@ from shardinfer.jobs import run_job  # noqa: E402
 # this file as __mp_main__ and must not run the shard again.
 if __name__ == "__main__":
     job = ShardJob(
-        settings=Settings.from_dict(snakemake.params.settings),
+        settings=job_settings(snakemake.params.settings, snakemake.config),
         plan_path=snakemake.input.plan,
         shard=int(snakemake.wildcards.shard),
         output=snakemake.output.shard,
@@ -24,4 +24,4 @@ if __name__ == "__main__":
         tokenizer_key=snakemake.params.tokenizer_key,
         files=snakemake.output.get("files"),
     )
-    run_job(snakemake.log[0], run_shard, job)
+    run_job(snakemake.log[0], run_shard, job, outdated=snakemake.params.outdated)

@@ -12,4 +12,5 @@ from shardinfer.plan import run_plan  # noqa: E402
 
 params = snakemake.params
 run_job(snakemake.log[0], run_plan, InputSettings.from_dict(params.input), params.shards, params.max_length,
-        snakemake.output.plan, params.shard_dir, params.files_dir, snakemake.output.staged, params.overhead)
+        snakemake.output.plan, params.shard_dir, params.files_dir, snakemake.output.staged, params.overhead,
+        outdated=params.outdated)

@@ -147,6 +147,30 @@ def test_a_truncated_shard_is_refused_and_the_old_table_removed(finished, tmp_pa
     assert_refused(result, tmp_path, "ERROR", "shard 1", "unreadable or truncated parquet")
 
 
+def test_a_rerun_that_fails_after_a_setting_changed_leaves_no_old_table(finished, tmp_path, models):
+    """The model changed, so every shard is remade; the shard jobs fail (the adapter has no
+    classifier head): the previous run's table and summary are gone, not left as if current."""
+    _, config = finished
+    config["model"] = {**config["model"], "path": str(models.encoder), "adapter": str(models.lora_without_head)}
+    result = run_workflow(tmp_path, config)
+    assert_refused(result, tmp_path, "classifier weights classifier.bias, classifier.weight are missing")
+    assert not (tmp_path / "results" / "summary.json").exists()
+    logs = "".join(p.read_text() for p in (tmp_path / "logs" / "infer").glob("*.log"))
+    assert "removed results/predictions.parquet of the previous run: this run remakes it" in logs
+
+
+def test_a_changed_batch_size_keeps_every_finished_shard(finished, tmp_path):
+    """max_rows and max_tokens decide how fast rows are computed, not what comes out."""
+    _, config = finished
+    before = shard_mtimes(tmp_path)
+    config["batch"] = {"max_rows": 3, "max_tokens": 64}
+    result = run_workflow(tmp_path, config)
+    shown = result.stdout + result.stderr
+    assert result.returncode == 0, shown[-3000:]
+    assert "rule infer:" not in shown and "rule plan:" not in shown  # (gather reruns: the copy has new inodes)
+    assert shard_mtimes(tmp_path) == before and len(before) == 3
+
+
 def test_a_stray_file_is_refused(finished, tmp_path):
     _, config = finished
     (tmp_path / "results" / "shards" / "notes.parquet").write_text("not ours")
@@ -203,3 +227,20 @@ def test_null_texts_are_reported_on_the_terminal_and_shell_syntax_in_paths_is_on
     label_ids, _ = reference.classify(models.classifier, frame["text"].fillna("").tolist(), max_length=32)
     assert got["label_id"].tolist() == label_ids.tolist() and got["id"].tolist() == frame["id"].tolist()
     assert not list(tmp_path.rglob("PWNED*"))
+
+
+def test_a_read_only_results_folder_is_one_line_before_any_job(models, tmp_path):
+    # results/ is a read-only mount in a mount namespace of its own: the kernel refuses every
+    # write there, root's too (a chmod would not stop root)
+    path = write_input(input_frame(10), tmp_path / "data" / "input.parquet")
+    (tmp_path / "results").mkdir()
+    command, env = prepare_workdir(tmp_path, workflow_config(path, models.classifier, shards=2))
+    if shutil.which("unshare") is None and not os.environ.get("CI"):
+        pytest.skip("unshare (util-linux) is not installed")
+    mounted = ["unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o ro tmpfs results && exec "$@"', "sh", *command]
+    result = subprocess.run(mounted, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    lines = [line for line in (result.stdout + result.stderr).splitlines()
+             if line.strip() and not line.startswith("Using workflow specific profile")]
+    assert result.returncode == 1 and lines == [
+        "ERROR: `results/` is not writable (Read-only file system): the workflow writes its plan, shards and "
+        "predictions under results/ and its logs under logs/; make `results/` writable, or run from another folder"]

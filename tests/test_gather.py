@@ -17,6 +17,7 @@ from shardinfer.proof.gather import run_gather
 from shardinfer.shard.job import ShardJob, run_shard
 from shardinfer.plan import read_plan, run_plan
 from shardinfer.proof.shard_file import IDENTITY_KEY
+from shardinfer.proof.content_digest import CONTENT_KEY
 
 ROWS, SHARDS, DIGEST = 40, 3, "digest-a"
 
@@ -175,6 +176,15 @@ def test_a_shard_with_edited_values_and_its_metadata_kept_is_refused_and_nothing
 
     assert_refused(shards, tampered(shards[2], tmp_path, 1, edit), r"shard 1 .*: its values are not those its job wrote")
     assert not list((shards[0] / "out").glob(".*partial"))  # shard 0 was already streamed: the partial file is gone
+
+
+def test_a_shard_rewritten_without_its_content_digest_is_refused_naming_the_rewrite(shards, tmp_path):
+    """The identity is kept (as a rewrite that copies the schema's metadata keeps it), the digest lost."""
+    copies = tampered(shards[2], tmp_path, 2, lambda table, identity: (table, identity))
+    table, metadata = pq.read_table(copies[2]), pq.ParquetFile(copies[2]).metadata.metadata
+    pq.write_table(table.replace_schema_metadata({k: v for k, v in metadata.items() if k != CONTENT_KEY}), copies[2])
+    assert_refused(shards, copies, r"shard 2 .*: its metadata holds no digest of its values, which its infer job "
+                                   r"always writes \(the file was rewritten by another tool")
 
 
 def test_a_flipped_byte_in_a_data_page_is_refused_as_a_checksum_failure(shards, tmp_path):

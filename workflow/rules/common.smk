@@ -38,7 +38,12 @@ def package_root() -> str:
 
 sys.path.insert(0, package_root())
 
-from shardinfer.checks import check_input_keys, check_inputs, schema_errors
+from shardinfer.checks import (
+    check_input_keys,
+    check_inputs,
+    check_writable,
+    schema_errors,
+)
 from shardinfer.config import settings_by_input
 from shardinfer.settings_digest import tokenizer_digest
 from shardinfer.errors import UserError
@@ -58,6 +63,8 @@ def load_inputs(config):
         validate(config, "../schemas/config.schema.yaml")
         by_name = settings_by_input(config)
         check_inputs(by_name)
+        if workflow.is_main_process:
+            check_writable()
         inputs = {name: InputJobs.of(settings) for name, settings in by_name.items()}
     except UserError as error:
         refuse(error)
@@ -118,6 +125,21 @@ wildcard_constraints:
 
 
 SHARD_FILE = named_path("results/shards/{shard}.parquet")
+# The gather job's outputs: the final table and its summary.
+GATHERED = {
+    "predictions": named_path("results/predictions.parquet"),
+    "summary": named_path("results/summary.json"),
+}
+
+
+def outdated_outputs(wildcards):
+    """The gather outputs of the job's input, which a plan or shard job removes before its work: a
+    run that fails after it never leaves the previous run's table as if it were current.
+    """
+    name = wildcards.get("name")
+    return [path.format(name=name) if NAMED else path for path in GATHERED.values()]
+
+
 # A task that may write a file per row (custom) gets a folder per shard, declared as the infer
 # job's output beside its table (README, "Your own model").
 FILES_DIR = named_path("results/files/{shard}")

@@ -7,8 +7,7 @@ rule gather:
         shards=shard_files,
         files=files_folders,
     output:
-        predictions=named_path("results/predictions.parquet"),
-        summary=named_path("results/summary.json"),
+        **GATHERED,
     log:
         named_path("logs/gather.log"),
     benchmark:

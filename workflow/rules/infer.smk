@@ -23,5 +23,6 @@ rule infer:
         settings=input_value("job_settings"),
         digest=input_value("digest"),
         tokenizer_key=TOKENIZER_KEY,
+        outdated=outdated_outputs,
     script:
         "../../scripts/infer.py"

@@ -21,5 +21,6 @@ rule plan:
         files_dir=os.path.dirname(FILES_DIR),
         # Only a rerun trigger: a replaced input with an older mtime replans too.
         input_version=input_value("version"),
+        outdated=outdated_outputs,
     script:
         "../../scripts/plan.py"

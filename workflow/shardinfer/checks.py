@@ -5,6 +5,7 @@ needs is checked by the task (`Task.check_settings`); this module names no task.
 from __future__ import annotations
 
 import re
+import tempfile
 from pathlib import Path
 
 from shardinfer.config import InputSettings, Settings
@@ -47,6 +48,21 @@ def check_input_keys(config: dict) -> None:
         if not isinstance(name, str) or not INPUT_NAME.fullmatch(name):
             raise UserError(f"config `inputs`: the name {name!r} is not allowed; a name holds letters, digits, "
                             "`_` and `-` only (it names the folders results/<name>/ and logs/<name>/)")
+
+
+def check_writable(folders: tuple[str, ...] = ("results", "logs")) -> None:
+    """Each of the workflow's output folders that exists takes a new file, tried for real (a
+    read-only mount refuses even root): else Snakemake fails at the first job with a traceback."""
+    for folder in folders:
+        if not Path(folder).is_dir():
+            continue
+        try:
+            with tempfile.NamedTemporaryFile(dir=folder, prefix=".shardinfer-write-check-"):
+                pass
+        except OSError as error:
+            raise UserError(f"`{folder}/` is not writable ({error.strerror}): the workflow writes its plan, shards "
+                            f"and predictions under results/ and its logs under logs/; make `{folder}/` writable, "
+                            "or run from another folder") from None
 
 
 def check_inputs(by_name: dict[str | None, Settings]) -> None:

@@ -148,6 +148,13 @@ class Settings:
         )
 
 
+def job_settings(params: dict, config: dict) -> Settings:
+    """A job's settings: its rule's `settings` param, which leaves out what cannot change an output
+    (`rule_params.OUTPUT_NEUTRAL`: the batch section, read here from the job's config), so that a
+    changed batch size reruns no finished shard (Snakemake reruns a job whose params changed)."""
+    return Settings.from_dict({**params, "batch": config["batch"]})
+
+
 def settings_by_input(config: dict) -> dict[str | None, Settings]:
     """The settings of each input of a validated config, by name: `{None: ...}` for its one `input`,
     `{name: ...}` for each of its `inputs`, in the config's order."""

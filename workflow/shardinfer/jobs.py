@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Callable, TypeVar
+from pathlib import Path
+from typing import Callable, Sequence, TypeVar
 
 from shardinfer.errors import UserError
 
@@ -24,10 +25,23 @@ def log_to(path: str) -> None:
     logging.basicConfig(stream=handle, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
 
 
-def run_job(log_path: str, function: Callable[..., T], *args, **kwargs) -> T:
+def run_job(log_path: str, function: Callable[..., T], *args, outdated: Sequence[str] = (), **kwargs) -> T:
+    """`function(*args, **kwargs)` with its output in the rule's log; `outdated`: the previous run's
+    final outputs that this job's work replaces, removed first, so that a run failing from here on
+    leaves no old table that a downstream step could take for this run's."""
     log_to(log_path)
+    withdraw(outdated)
     try:
         return function(*args, **kwargs)
     except UserError as error:
         logging.getLogger("shardinfer").error("%s", error)
         sys.exit(1)
+
+
+def withdraw(paths: Sequence[str]) -> None:
+    """Remove the final outputs that the job being run makes outdated (the plan or a shard remade:
+    gather runs again after it), saying so in the job's log."""
+    for path in map(Path, paths):
+        if path.exists():
+            path.unlink()
+            logging.getLogger("shardinfer").info("removed %s of the previous run: this run remakes it", path)

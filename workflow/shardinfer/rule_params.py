@@ -17,6 +17,11 @@ from shardinfer.settings_digest import output_digest
 from shardinfer.input.identity import gather_trigger, plan_trigger
 
 
+# Sections of the settings that decide how fast rows are computed, never what comes out: not in
+# the rules' params (a change would rerun every finished shard), the jobs read them from the config.
+OUTPUT_NEUTRAL = ("batch",)
+
+
 @dataclass(frozen=True)
 class InputJobs:
     settings: Settings
@@ -30,7 +35,8 @@ class InputJobs:
     identity: dict
     digest: str  # what decides the predictions (shardinfer.settings_digest.output_digest)
     # infer's and gather's settings: without the list of parts, which they read from the plan, so
-    # that thousands of parts are not stored again in every shard job's metadata.
+    # that thousands of parts are not stored again in every shard job's metadata, and without the
+    # OUTPUT_NEUTRAL sections (`config.job_settings` puts them back).
     job_settings: dict
     # gather's `evaluate:` (shardinfer.metrics), a param of gather alone: a change reruns gather, no shard.
     evaluate: dict
@@ -40,6 +46,8 @@ class InputJobs:
         job_settings = settings.to_dict()
         job_settings["input"]["parts"] = []
         evaluate = job_settings.pop("evaluate")
+        for section in OUTPUT_NEUTRAL:
+            del job_settings[section]
         return cls(
             settings=settings,
             files=list(settings.input.files),

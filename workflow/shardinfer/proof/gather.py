@@ -115,8 +115,9 @@ def prove_shard(plan: Plan, shard: int, path: str, digest: str, folder: str | No
     if values.size != end - start or not np.array_equal(values, np.arange(start, end)):
         raise ProofError(f"{where}: {describe_index_fault(values, start, end)}")
     if not content.get("digest"):
-        raise ProofError(f"{where}: no digest of its values (written by an earlier version of the workflow); "
-                         "delete it and rerun")
+        raise ProofError(f"{where}: its metadata holds no digest of its values, which its infer job always writes "
+                         "(the file was rewritten by another tool, or its metadata edited); delete it and rerun its "
+                         "infer job")
     schema = file.schema_arrow.remove_metadata()
     return ShardFile(shard=shard, path=path, rows=int(values.size), schema=schema, stats=stats,
                      content=content["digest"], files=files_identity(where, identity, schema, folder))
