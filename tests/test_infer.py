@@ -249,3 +249,21 @@ def test_embed_normalised_and_an_empty_shard(models, tmp_path, caplog):
     assert got.column("index").to_pylist() == [0] and empty.num_rows == 0 and empty.schema.equals(got.schema)
     np.testing.assert_allclose(np.stack(got.column("embedding").to_pylist()), want, atol=1e-5)
     np.testing.assert_allclose(np.linalg.norm(want, axis=1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".parquet"])
+def test_the_text_column_also_kept_is_read_once_per_role_in_every_format(models, tmp_path, suffix):
+    """The README suggests keeping the text beside its prediction: a column read by the task and
+    kept too is one column of the shard table, in every format."""
+    frame = input_frame(40, seed=4)
+    inp = input_settings(write_input(frame, tmp_path / f"in{suffix}"), keep_columns=("text", "id"))
+    model = ModelSettings(path=str(models.classifier), adapter=None, task="classify", max_length=32, dtype="auto",
+                          trust_remote_code=False, allow_pickle=False)
+    settings = Settings(input=inp, model=model, batch=BatchSettings(512, 32, 64), shards=2)
+    run_plan(inp, 2, 32, str(tmp_path / "plan.json"))
+    run_shard(ShardJob(settings, str(tmp_path / "plan.json"), 1, str(tmp_path / "1.parquet"), "digest"))
+    table = pq.read_table(tmp_path / "1.parquet")
+    assert table.column_names[:3] == ["index", "text", "id"] and table.column_names.count("text") == 1
+    start = table.column("index")[0].as_py()
+    assert table.column("text").to_pylist() == frame["text"].tolist()[start:]
+    assert [str(v) for v in table.column("id").to_pylist()] == [str(v) for v in frame["id"].tolist()[start:]]
