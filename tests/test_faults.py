@@ -147,16 +147,17 @@ def test_a_truncated_shard_is_refused_and_the_old_table_removed(finished, tmp_pa
     assert_refused(result, tmp_path, "ERROR", "shard 1", "unreadable or truncated parquet")
 
 
-def test_a_rerun_that_fails_after_a_setting_changed_leaves_no_old_table(finished, tmp_path, models):
-    """The model changed, so every shard is remade; the shard jobs fail (the adapter has no
-    classifier head): the previous run's table and summary are gone, not left as if current."""
-    _, config = finished
-    config["model"] = {**config["model"], "path": str(models.encoder), "adapter": str(models.lora_without_head)}
+def test_a_rerun_that_fails_after_the_input_changed_leaves_no_old_table(finished, tmp_path):
+    """The input changed, so the plan is remade, and it fails (the text column is gone): the previous
+    run's table and summary are gone, not left as if current. (A shard job withdraws them the same
+    way: `jobs.run_job(outdated=)`, the param of plan and infer alike.)"""
+    path, config = finished
+    write_input(input_frame(50, seed=2).rename(columns={"text": "body"}), path)
     result = run_workflow(tmp_path, config)
-    assert_refused(result, tmp_path, "classifier weights classifier.bias, classifier.weight are missing")
+    assert_refused(result, tmp_path, "input.text_column: column `text` is not in")
     assert not (tmp_path / "results" / "summary.json").exists()
-    logs = "".join(p.read_text() for p in (tmp_path / "logs" / "infer").glob("*.log"))
-    assert "removed results/predictions.parquet of the previous run: this run remakes it" in logs
+    log = (tmp_path / "logs" / "plan.log").read_text()
+    assert "removed results/predictions.parquet of the previous run: this run remakes it" in log
 
 
 def test_a_changed_batch_size_keeps_every_finished_shard(finished, tmp_path):

