@@ -99,6 +99,12 @@ def test_kill_a_shard_job_then_rerun(undisturbed, tmp_path):
     after = shard_mtimes(tmp_path)
     assert all(after[name] == mtime for name, mtime in before.items())  # finished shards were not rerun
     assert set(after) == {"0.parquet", "1.parquet", "2.parquet"}
+    # the killed job had committed its first window (its progress line follows the commit): the
+    # rerun kept it and computed only the rest
+    entry = json.loads((tmp_path / "results" / "summary.json").read_text())["per_shard"][int(killed)]
+    assert entry["resumed_rows"] > 0 and entry["rows"] > entry["resumed_rows"], entry
+    log = (tmp_path / "logs" / "infer" / f"{killed}.log").read_text()
+    assert f"({entry['resumed_rows']} rows kept)" in log and "resumed at row" in log, log[-3000:]
 
 
 def test_kill_the_whole_snakemake_process_group_then_rerun(undisturbed, tmp_path):

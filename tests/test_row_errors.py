@@ -280,3 +280,40 @@ def test_the_terminal_and_the_report_say_how_many_rows_failed_and_the_first():
     clean = {**summary, "per_shard": [{"row_errors": 0, "first_row_errors": []}]}
     assert not any("failed" in line for line in summary_lines(clean, "p", "s", report=False))
     assert failed_rows_item({"per_shard": [{}]}) == []  # fail mode: no item
+
+
+def test_a_text_row_that_fails_alone_is_recorded_and_the_others_are_the_models_own(models, tmp_path, monkeypatch):
+    """classify, a real model: its forward raises on any batch holding row 13's text (a [MASK]
+    token, which no other text has), as a row that runs a device out of memory alone would."""
+    from transformers import BertForSequenceClassification
+
+    import reference
+    from factory import input_frame, input_settings, write_input
+    from shardinfer.config import ModelSettings
+
+    frame = input_frame(40, seed=6)
+    frame.loc[13, "text"] = "the [MASK] cat"
+    real = BertForSequenceClassification.forward
+
+    def forward(self, input_ids=None, **kwargs):
+        if (input_ids == 4).any():  # [MASK]
+            raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return real(self, input_ids=input_ids, **kwargs)
+
+    monkeypatch.setattr(BertForSequenceClassification, "forward", forward)
+    inp = input_settings(write_input(frame, tmp_path / "in.parquet"), keep_columns=("id",))
+    model = ModelSettings(path=str(models.classifier), adapter=None, task="classify", max_length=32, dtype="auto",
+                          trust_remote_code=False, allow_pickle=False)
+    settings = Settings(input=inp, model=model, batch=BatchSettings(512, 16, 64), shards=1,
+                        row_errors=RowErrorSettings("record", 2))
+    run_plan(inp, 1, 32, str(tmp_path / "plan.json"))
+    stats = run_shard(ShardJob(settings, str(tmp_path / "plan.json"), 0, str(tmp_path / "0.parquet"), "digest"))
+    table = pq.read_table(tmp_path / "0.parquet").to_pandas()
+    assert stats["row_errors"] == 1 and stats["first_row_errors"] == [13] and stats["row_error_calls"] > 0
+    assert table["index"].tolist() == list(range(40)) and table["id"].tolist() == frame["id"].tolist()
+    assert table.loc[13, "error"] == "RuntimeError: CUDA out of memory. Tried to allocate 20.00 GiB"
+    assert table.loc[13, ["label", "label_id", "probs"]].isna().all() and table["error"].isna().sum() == 39
+    others = [i for i in range(40) if i != 13]
+    label_ids, probs = reference.classify(models.classifier, frame["text"][others].tolist(), max_length=32)
+    assert table.loc[others, "label_id"].tolist() == label_ids.tolist()
+    np.testing.assert_allclose(np.stack(table.loc[others, "probs"]), probs, atol=1e-5)

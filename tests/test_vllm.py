@@ -274,4 +274,8 @@ def test_an_engine_failing_mid_shard_leaves_no_table(everything):
     workdir = workdirs["fails", 1]
     line = refused(result, workdir)
     assert "vLLM failed on rows 17..32" in line and "the shard's table was not written" in line
-    assert not list((workdir / "results" / "shards").glob("*"))  # no table, no partial file
+    shards = workdir / "results" / "shards"
+    assert not list(shards.glob("*.parquet")) and not list(shards.glob(".*.partial"))  # no table, no partial file
+    # what stays is windows before row 17 as committed (rows 0 and 1..16), which a rerun keeps
+    committed = sorted(p.name for p in (shards / ".0.parquet.windows").glob("*")) if shards.is_dir() else []
+    assert committed == ["000000000000.parquet", "000000000001.parquet"][: len(committed)], committed
