@@ -83,7 +83,9 @@ def test_kill_a_shard_job_then_rerun(undisturbed, tmp_path):
     before the first write, which leaves less behind)."""
     path, config, expected = undisturbed
     running = start_workflow(tmp_path, config)
-    log = wait_for_log(tmp_path, "rows ")  # the first progress line: written rows, the shard not done
+    # the first progress line (`rows 256/4003 (6%), ...`), logged once a window is committed: part
+    # of the shard written, the shard not done
+    log = wait_for_log(tmp_path, " rows/s, ETA")
     os.kill(pid_writing(log), signal.SIGKILL)
     assert running.wait(timeout=300) != 0
     killed = log.stem
