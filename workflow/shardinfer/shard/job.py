@@ -368,21 +368,21 @@ def run_shard(job: ShardJob) -> dict:
         row = leave_for_rerun(job)
         raise UserError(f"shard {job.shard}: stopped by SIGTERM at row {row}; rerun resumes there") from None
     except Exception:
-        row = leave_for_rerun(job)
-        if row is not None and row > read_plan(job.plan_path).ranges[job.shard][0]:
-            log.info("the windows before row %d are committed: a rerun with the same plan and settings resumes there",
-                     row)
+        leave_for_rerun(job)
         raise
 
 
 def leave_for_rerun(job: ShardJob) -> int | None:
-    """The row a rerun of the failed or stopped job resumes at (None: no plan to read it from);
-    a job that committed nothing leaves nothing (`resume.left_for_rerun`)."""
+    """The row a rerun of the failed or stopped job resumes at, logged when windows are kept (None:
+    no plan to read it from); a job that committed nothing leaves nothing (`resume.left_for_rerun`)."""
     try:
         start = read_plan(job.plan_path).ranges[job.shard][0]
     except (OSError, UserError, ValueError, KeyError, IndexError):
         return None
-    return left_for_rerun(windows_folder(job.output), job.files and staging_folder(job.files), start)
+    row = left_for_rerun(windows_folder(job.output), job.files and staging_folder(job.files), start)
+    if row > start:
+        log.info("the windows before row %d are committed: a rerun with the same plan and settings resumes there", row)
+    return row
 
 
 def compute_shard(job: ShardJob) -> dict:
