@@ -38,6 +38,7 @@ from shardinfer.shard.models import choose_device, choose_dtype
 from shardinfer.shard.pipeline import Pipeline
 from shardinfer.plan import Plan, read_plan
 from shardinfer.shard.progress import Progress
+from shardinfer.shard.transformers_import import hide_sklearn_from_transformers
 from shardinfer.proof.shard_file import ERROR_COLUMN, STATS_KEY, computed, file_columns, shard_schema
 from shardinfer.shard.resume import (assemble, commit_window, keep_committed, left_for_rerun, remove_windows,
                                      windows_folder)
@@ -361,6 +362,7 @@ def write_empty_shard(job: ShardJob, plan: Plan, began: float) -> dict:
 def run_shard(job: ShardJob) -> dict:
     """The infer rule: the shard's rows through the task into `job.output`, atomically. SIGTERM
     stops it cleanly: what is committed stays for the rerun (`shardinfer.shard.stop`)."""
+    hide_sklearn_from_transformers()
     try:
         with stop_on_sigterm():
             return compute_shard(job)

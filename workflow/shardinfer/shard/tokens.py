@@ -118,7 +118,10 @@ class TokenizeJob:
 def run_tokenize(job: TokenizeJob) -> int:
     """The tokenize rule: the shard's rows into token ids, streamed window by window, atomically."""
     from shardinfer.shard.models import load_tokenizer
+    from shardinfer.shard.transformers_import import hide_sklearn_from_transformers
     from shardinfer.tasks import task_class
+
+    hide_sklearn_from_transformers()
 
     plan = read_plan(job.plan_path)
     plan.check_input_unchanged()
