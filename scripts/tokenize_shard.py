@@ -13,10 +13,13 @@ snakemake = globals()["snakemake"]  # the job object injected by the script: dir
 
 from shardinfer.config import settings_from_config  # noqa: E402
 from shardinfer.jobs import run_job  # noqa: E402
+from shardinfer.plan import read_plan  # noqa: E402
 from shardinfer.shard.tokens import TokenizeJob, run_tokenize  # noqa: E402
 
+# `shards: auto` stands for the count the plan was cut into.
+shards = read_plan(snakemake.input.plan).shards
 job = TokenizeJob(
-    settings=settings_from_config(snakemake.config, snakemake.wildcards.get("name")),
+    settings=settings_from_config(snakemake.config, snakemake.wildcards.get("name"), auto_shards=shards),
     plan_path=snakemake.input.plan,
     shard=int(snakemake.wildcards.shard),
     output=snakemake.output.tokens,

@@ -71,7 +71,7 @@ def test_a_mistyped_folder_is_said_not_to_exist_not_to_be_of_unknown_type(tmp_pa
 
 @pytest.mark.parametrize("shards", [0, -1, 2.5, "4", True])
 def test_shards_must_be_a_positive_integer(tmp_path, models, shards):
-    with pytest.raises(UserError, match=r"config `shards` must be an integer >= 1; got"):
+    with pytest.raises(UserError, match=r"config `shards` must be an integer >= 1 or `auto`; got"):
         settings(tmp_path, models, shards=shards)
 
 
@@ -115,8 +115,8 @@ SCHEMA = str(SCHEMA_PATH)
 @pytest.mark.parametrize(
     "change,message",
     [
-        ({"shards": 0}, r"config `shards`: 0 is less than the minimum of 1"),
-        ({"shards": "4"}, r"config `shards`: '4' is not of type 'integer'"),
+        ({"shards": 0}, r"config `shards`: 0 is not allowed; give an integer >= 1 or `auto`"),
+        ({"shards": "4"}, r"config `shards`: '4' is not allowed; give an integer >= 1 or `auto`"),
         ({"model": {"path": "m", "max_length": 0}}, r"config `model.max_length`: 0 is less than the minimum of 1"),
         ({"colour": "red"}, r"config `\(top level\)`: Additional properties are not allowed \('colour' was unexpected\)"),
     ],
@@ -313,7 +313,7 @@ use rule * from shardinfer as shardinfer_*
 
 @pytest.mark.parametrize("as_module", [False, True])
 @pytest.mark.parametrize("change,message", [
-    ({"shards": 0}, r"ERROR: config `shards`: 0 is less than the minimum of 1"),
+    ({"shards": 0}, r"ERROR: config `shards`: 0 is not allowed; give an integer >= 1 or `auto`"),
     ({"model": {"path": "no-model"}}, r"ERROR: model.path `no-model` is not a Hugging Face model directory .*"),
 ])
 def test_a_config_error_is_its_error_line_alone_on_the_terminal(tmp_path, as_module, change, message):

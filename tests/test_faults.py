@@ -16,29 +16,15 @@ import numpy as np
 import pytest
 
 import reference
-import factory
-import test_workflow
-from factory import input_frame, prepare_workdir, read_predictions, workflow_config, write_input
-from test_workflow import assert_refused, assert_same_rows
-
-# Faults and reruns stop at the proven table: the report's job after it adds seconds per run and
-# proves nothing here (tests/test_report.py has it).
-WITHOUT_REPORT = ("--omit-from", "report_items")
-
-
-def run_workflow(workdir: Path, config: dict, *args: str) -> subprocess.CompletedProcess:
-    return factory.run_workflow(workdir, config, *args, *WITHOUT_REPORT)
-
-
-def run_ok(workdir: Path, config: dict, *args: str):
-    return test_workflow.run_ok(workdir, config, *args, *WITHOUT_REPORT)
+from factory import input_frame, prepare_workdir, read_predictions, run_workflow, workflow_config, write_input
+from test_workflow import assert_refused, assert_same_rows, run_ok
 
 BIG = {"batch": {"max_tokens": 512, "max_rows": 32, "sort_window": 256}}
 
 
 def start_workflow(workdir: Path, config: dict) -> subprocess.Popen:
     """The same command as run_workflow, in the background and its own process group."""
-    command, env = prepare_workdir(workdir, config, *WITHOUT_REPORT)
+    command, env = prepare_workdir(workdir, config)
     return subprocess.Popen(command, cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
 
@@ -67,10 +53,10 @@ def pid_writing(log: Path) -> int:
 
 @pytest.fixture(scope="module")
 def undisturbed(models, tmp_path_factory):
-    """A 3-shard run long enough (12,000 rows) to be killed in the middle of a shard."""
+    """A 2-shard run long enough (12,000 rows) to be killed in the middle of a shard."""
     workdir = tmp_path_factory.mktemp("undisturbed")
     path = write_input(input_frame(12000, seed=11), workdir / "data" / "input.parquet")
-    config = workflow_config(path, models.classifier, shards=3, **BIG)
+    config = workflow_config(path, models.classifier, shards=2, **BIG)
     return path, config, run_ok(workdir, config)
 
 
@@ -96,11 +82,11 @@ def test_kill_a_shard_job_then_rerun(undisturbed, tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     assert_same_rows(read_predictions(tmp_path), expected, float_columns={"probs"})
     if before:  # the terminal's speed is of the shards this run ran, not of the kept ones' earlier run
-        said = f"{3 - len(before)} of 3 shards ran in this run ({len(before)} kept from earlier runs): "
+        said = f"{2 - len(before)} of 2 shards ran in this run ({len(before)} kept from earlier runs): "
         assert said in result.stdout + result.stderr, (result.stdout + result.stderr)[-3000:]
     after = shard_mtimes(tmp_path)
     assert all(after[name] == mtime for name, mtime in before.items())  # finished shards were not rerun
-    assert set(after) == {"0.parquet", "1.parquet", "2.parquet"}
+    assert set(after) == {"0.parquet", "1.parquet"}
     # the killed job had committed its first window (its progress line follows the commit): the
     # rerun kept it and computed only the rest
     entry = json.loads((tmp_path / "results" / "summary.json").read_text())["per_shard"][int(killed)]
@@ -130,10 +116,10 @@ def test_kill_the_whole_snakemake_process_group_then_rerun(undisturbed, tmp_path
 
 @pytest.fixture(scope="module")
 def finished_once(models, tmp_path_factory):
-    """One finished 3-shard run; its input path is relative, so a copy of the folder is a run too."""
+    """One finished 2-shard run; its input path is relative, so a copy of the folder is a run too."""
     workdir = tmp_path_factory.mktemp("finished")
     write_input(input_frame(50, seed=2), workdir / "data" / "input.csv")
-    config = workflow_config("data/input.csv", models.classifier, shards=3)
+    config = workflow_config("data/input.csv", models.classifier, shards=2)
     run_ok(workdir, config)
     return workdir, config
 
@@ -177,7 +163,7 @@ def test_a_changed_batch_size_keeps_every_finished_shard(finished, tmp_path):
     shown = result.stdout + result.stderr
     assert result.returncode == 0, shown[-3000:]
     assert "rule infer:" not in shown and "rule plan:" not in shown  # (gather reruns: the copy has new inodes)
-    assert shard_mtimes(tmp_path) == before and len(before) == 3
+    assert shard_mtimes(tmp_path) == before and len(before) == 2
 
 
 def test_a_stray_file_is_refused(finished, tmp_path):
@@ -218,11 +204,15 @@ def test_changed_model_settings_rerun_every_shard(finished, tmp_path, models):
 
 
 def test_fewer_shards_remove_the_earlier_plans_files(finished, tmp_path):
+    """`shards: auto` on a machine that resolves fewer (one GPU given): a new plan, never the old one's shards."""
     _, config = finished
-    config["shards"] = 2
-    got = run_ok(tmp_path, config)
-    assert sorted(shard_mtimes(tmp_path)) == ["0.parquet", "1.parquet"]
-    assert got["index"].tolist() == list(range(50))
+    config["shards"] = "auto"
+    result = run_workflow(tmp_path, config, "--resources", "gpu=1")
+    shown = result.stdout + result.stderr
+    assert result.returncode == 0, shown[-3000:]
+    assert "shardinfer: shards: auto -> 1 (--resources gpu=1)" in shown
+    assert sorted(shard_mtimes(tmp_path)) == ["0.parquet"]
+    assert read_predictions(tmp_path)["index"].tolist() == list(range(50))
 
 
 def test_null_texts_are_reported_on_the_terminal_and_shell_syntax_in_paths_is_only_a_name(models, tmp_path):

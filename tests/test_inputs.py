@@ -28,13 +28,14 @@ from test_config import DEFAULTS
 
 SCHEMA = "workflow/schemas/config.schema.yaml"
 ATOL = 1e-5  # float32 on CPU: batched vs unbatched attention differs by ~1e-7
-SHARDS = {"val": 2, "test": 1}  # val: the top-level `shards`; test: its own
+SHARDS = {"val": 2, "test": 1}  # val: the top-level `shards: auto` (--resources gpu=2); test: its own
+GPUS = ("--resources", "gpu=2")
 
 
 def named_config(model) -> dict:
     """`inputs:` with a gzipped CSV `val` (staged: its shards read a decompressed copy) and a Parquet
-    `test`, tokenized ahead (rule tokenize runs per input too)."""
-    config = workflow_config("unused", model, shards=SHARDS["val"], tokenize={"ahead": True})
+    `test`, tokenized ahead (rule tokenize runs per input too); val's count is `auto`'s."""
+    config = workflow_config("unused", model, shards="auto", tokenize={"ahead": True})
     keep = config.pop("input")["keep_columns"]
     config["inputs"] = {"val": {"path": "data/val.csv.gz", "keep_columns": keep, "stage": "always"},
                         "test": {"path": "data/test.parquet", "keep_columns": keep, "shards": SHARDS["test"]}}
@@ -77,7 +78,7 @@ def named_run(models, tmp_path_factory) -> NamedRun:
     gzipped(frames["val"], workdir / "data" / "val.csv.gz")
     write_input(frames["test"], workdir / "data" / "test.parquet")
     config = named_config(models.classifier)
-    first = run_workflow(workdir, config)
+    first = run_workflow(workdir, config, *GPUS, report=True)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-6000:]
     for name, frame in frames.items():
         assert_is_the_models_output(workdir, name, frame, models.classifier)
@@ -86,7 +87,7 @@ def named_run(models, tmp_path_factory) -> NamedRun:
 
     edited = {**frames, "val": input_frame(36, seed=5)}
     gzipped(edited["val"], workdir / "data" / "val.csv.gz")
-    second = run_workflow(workdir, config)
+    second = run_workflow(workdir, config, *GPUS, report=True)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-6000:]
     terminals = (first.stdout + first.stderr, second.stdout + second.stderr)
     return NamedRun(workdir, config, frames, edited, terminals, mtimes)
@@ -103,6 +104,7 @@ def test_each_input_is_the_models_own_output_proven_in_its_own_folder(named_run)
     # One DAG: the shard jobs of both inputs in one run, so `--resources gpu=N` queues them together.
     assert re.search(r"^infer\s+3$", terminal, re.M) and re.search(r"^tokenize\s+3$", terminal, re.M)
     assert terminal.count("snakemake --report report.zip") == 1
+    assert terminal.count("shardinfer: shards: auto -> 2 (--resources gpu=2)") == 1
 
 
 def test_editing_one_input_replans_only_that_input(named_run, models):
@@ -122,7 +124,7 @@ def test_editing_one_input_replans_only_that_input(named_run, models):
 
 
 def test_the_report_has_each_inputs_items(named_run):
-    command, env = prepare_workdir(named_run.workdir, named_run.config, "--report", "report.zip")
+    command, env = prepare_workdir(named_run.workdir, named_run.config, "--report", "report.zip", report=True)
     result = subprocess.run(command, cwd=named_run.workdir, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     with zipfile.ZipFile(named_run.workdir / "report.zip") as report:
@@ -163,7 +165,7 @@ def test_input_or_inputs_and_their_names(config, message):
 @pytest.mark.parametrize("inputs,message", [
     ({}, r"config `inputs`: \{\} should be non-empty"),
     ({"val": {"path": "a.csv", "shard": 2}}, r"config `inputs.val`: Additional properties are not allowed \('shard'"),
-    ({"val": {"path": "a.csv", "shards": 0}}, r"config `inputs.val.shards`: 0 is less than the minimum of 1"),
+    ({"val": {"path": "a.csv", "shards": 0}}, r"config `inputs.val.shards`: 0 is not allowed; give an integer >= 1 or `auto`"),
     ({"val": {"format": "csv"}}, r"config `inputs.val`: 'path' is a required property"),
 ])
 def test_schema_refuses_bad_inputs_naming_the_key(inputs, message):
@@ -176,13 +178,15 @@ def test_each_input_has_its_settings_and_shards(tmp_path):
         write_input(input_frame(3), tmp_path / f"{name}.parquet")
     config = full_config({"val": {"path": str(tmp_path / "val.parquet")},
                           "test": {"path": str(tmp_path / "test.parquet"), "text_column": "body", "shards": 5}})
-    by_name = settings_by_input(config)
+    by_name = settings_by_input(config, auto_shards=3)
     assert list(by_name) == ["val", "test"]
-    assert by_name["val"].shards == 8 and by_name["test"].shards == 5
+    assert by_name["val"].shards == 3 and by_name["test"].shards == 5  # `auto` (the default), and its own
     assert by_name["test"].input.text_column == "body" and by_name["val"].input.text_column == "text"
     assert by_name["val"].model == by_name["test"].model
     one = {**full_config(), "input": {**DEFAULTS["input"], "path": str(tmp_path / "val.parquet")}}
-    assert list(settings_by_input(one)) == [None]
+    assert list(settings_by_input(one, auto_shards=3)) == [None]
+    with pytest.raises(UserError, match=r"config `shards: auto` needs this machine's count"):
+        settings_by_input(one)
 
 
 def test_a_bad_named_input_is_named(tmp_path, models):
@@ -190,7 +194,7 @@ def test_a_bad_named_input_is_named(tmp_path, models):
     config = full_config({"val": {"path": str(tmp_path / "val.parquet")}, "test": {"path": str(tmp_path / "no.csv")}},
                          model={**DEFAULTS["model"], "path": str(models.classifier), "max_length": 32})
     with pytest.raises(UserError, match=r"^inputs.test: input.path `.*no.csv` does not exist"):
-        check_inputs(settings_by_input(config))
+        check_inputs(settings_by_input(config, auto_shards=1))
 
 
 def test_one_tokenizer_key_for_all_inputs():

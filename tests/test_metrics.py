@@ -193,7 +193,7 @@ def test_each_named_input_is_checked_and_scored_on_its_own(tmp_path, models):
                           "test": {"path": str(tmp_path / "test.parquet"), "keep_columns": ["id"]}},
                          model={**DEFAULTS["model"], "path": str(models.classifier), "max_length": 32},
                          evaluate={"label_column": "gold"})
-    by_name = settings_by_input(config)
+    by_name = settings_by_input(config, auto_shards=1)
     assert [InputJobs.of(s).evaluate for s in by_name.values()] == [{"label_column": "gold"}] * 2
     with pytest.raises(UserError, match=r"^inputs.test: evaluate.label_column `gold` must be one of input.keep_col"):
         check_inputs(by_name)
@@ -216,9 +216,9 @@ def evaluated(classify_runs, tmp_path_factory):
     config = yaml.safe_load((workdir / "config" / "config.yaml").read_text())
     config["evaluate"] = {"label_column": "gold"}
     kept = {p.name: p.stat().st_mtime_ns for p in (workdir / "results").glob("**/*") if p.is_file()}
-    result = run_workflow(workdir, config)
+    result = run_workflow(workdir, config, report=True)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    command, env = prepare_workdir(workdir, config)
+    command, env = prepare_workdir(workdir, config, report=True)
     report = subprocess.run([*command, "--report", "report.zip"], cwd=workdir, env=env, capture_output=True, text=True,
                             timeout=900)
     assert report.returncode == 0, report.stdout[-3000:] + report.stderr[-6000:]

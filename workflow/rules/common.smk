@@ -38,6 +38,7 @@ def package_root() -> str:
 
 sys.path.insert(0, package_root())
 
+from shardinfer.auto_shards import resolve_auto_shards, uses_auto
 from shardinfer.checks import (
     check_input_keys,
     check_inputs,
@@ -52,16 +53,32 @@ from shardinfer.input.shard_bound import shard_count_note
 from shardinfer.tasks import may_write_files, task_class
 from shardinfer.terminal import summary_lines
 
+# Threads of each shard job (rule infer) and token-writing job (rule tokenize) on a GPU machine or a
+# cluster: feeding the GPU. `shards: auto` without a GPU splits the cores between shard jobs instead.
+GPU_JOB_THREADS = 4
+
+
+def resolve_auto(config):
+    """What `shards: auto` stands for in this run (None: no input uses it), said once on the terminal."""
+    if not uses_auto(config):
+        return None
+    resolved = resolve_auto_shards(workflow, GPU_JOB_THREADS)
+    if workflow.is_main_process:
+        logger.info(f"shardinfer: shards: auto -> {resolved.count} ({resolved.reason})")
+    return resolved
+
 
 def load_inputs(config):
     """Validate the config (filling defaults) and check it against the file system, once: what the
-    jobs of each input take, by name (None for the one `input`). A bad value is refused in one line.
+    jobs of each input take, by name (None for the one `input`), and what `shards: auto` resolved
+    to (None: no input uses it). A bad value is refused in one line.
     """
     try:
         check_input_keys(config)
         schema_errors(config, workflow.source_path("../schemas/config.schema.yaml"))
         validate(config, "../schemas/config.schema.yaml")
-        by_name = settings_by_input(config)
+        auto = resolve_auto(config)
+        by_name = settings_by_input(config, auto and auto.count)
         check_inputs(by_name)
         if workflow.is_main_process:
             check_writable()
@@ -71,13 +88,15 @@ def load_inputs(config):
     note = shard_count_note(sum(run.shards for run in inputs.values()))
     if note and workflow.is_main_process:  # not again in each job of a cluster run
         logger.warning(note)
-    return inputs
+    return inputs, auto
 
 
 # What the jobs of each input take (shardinfer.rule_params). One input (`input:`): INPUTS is {None: ...}
 # and paths are as they always were (results/plan.json). Named inputs (`inputs:`): a `{name}`
 # wildcard in every path (results/val/plan.json), by which the jobs' values are looked up.
-INPUTS = load_inputs(config)
+INPUTS, AUTO = load_inputs(config)
+# The threads of rule infer's and rule tokenize's jobs.
+INFER_THREADS = AUTO.threads if AUTO else GPU_JOB_THREADS
 NAMED = None not in INPUTS
 # The model, batch and task settings: the same for every input.
 SETTINGS = next(iter(INPUTS.values())).settings

@@ -16,7 +16,7 @@ rule infer:
         named_path("logs/infer/{shard}.benchmark.tsv")
     conda:
         "../../envs/inference.yaml"
-    threads: 4
+    threads: INFER_THREADS
     resources:
         gpu=1,
     params:

@@ -10,7 +10,7 @@ rule tokenize:
         named_path("logs/tokenize/{shard}.benchmark.tsv")
     conda:
         "../../envs/inference.yaml"
-    threads: 4
+    threads: INFER_THREADS
     params:
         # The only tracked param: token files are reused while it holds, whatever the model.
         tokenizer_key=TOKENIZER_KEY,

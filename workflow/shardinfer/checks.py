@@ -29,7 +29,21 @@ def schema_errors(config: dict, schema_path: str) -> None:
     if errors:
         error = errors[0]
         key = ".".join(str(part) for part in error.absolute_path) or "(top level)"
-        raise UserError(f"config `{key}`: {error.message}")
+        message = error.message
+        if error.validator in ("oneOf", "anyOf"):  # jsonschema says only "not valid under any of the given schemas"
+            message = f"{error.instance!r} is not allowed; give " + " or ".join(map(allowed, error.validator_value))
+        raise UserError(f"config `{key}`: {message}")
+
+
+def allowed(schema: dict) -> str:
+    """What one alternative of a `oneOf` allows, in words: "an integer >= 1", "`auto`"."""
+    if "const" in schema:
+        return f"`{schema['const']}`"
+    if "enum" in schema:
+        return " or ".join(f"`{value}`" for value in schema["enum"])
+    words = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false"}
+    text = words.get(schema.get("type"), f"a value of type {schema.get('type')}")
+    return text + (f" >= {schema['minimum']}" if "minimum" in schema else "")
 
 
 def check_input_keys(config: dict) -> None:

@@ -12,6 +12,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shardinfer.auto_shards import AUTO
 from shardinfer.errors import UserError
 from shardinfer.input.discovery import resolve_input
 from shardinfer.schema import defaults
@@ -155,21 +156,27 @@ def job_settings(params: dict, config: dict) -> Settings:
     return Settings.from_dict({**params, "batch": config["batch"]})
 
 
-def settings_by_input(config: dict) -> dict[str | None, Settings]:
+def settings_by_input(config: dict, auto_shards: int | None = None) -> dict[str | None, Settings]:
     """The settings of each input of a validated config, by name: `{None: ...}` for its one `input`,
-    `{name: ...}` for each of its `inputs`, in the config's order."""
+    `{name: ...}` for each of its `inputs`, in the config's order. `auto_shards`: what `shards: auto`
+    resolved to on this machine (`shardinfer.auto_shards`)."""
     if "inputs" not in config:
-        return {None: settings_from_config(config)}
-    return {name: settings_from_config(config, name) for name in config["inputs"]}
+        return {None: settings_from_config(config, auto_shards=auto_shards)}
+    return {name: settings_from_config(config, name, auto_shards) for name in config["inputs"]}
 
 
-def settings_from_config(config: dict, name: str | None = None) -> Settings:
+def settings_from_config(config: dict, name: str | None = None, auto_shards: int | None = None) -> Settings:
     """Build settings from a config that the schema has validated and filled with defaults: for its
-    `input`, or for the input `name` of its `inputs` (with that input's own `shards`, if it has one)."""
+    `input`, or for the input `name` of its `inputs` (with that input's own `shards`, if it has one).
+    `auto_shards`: the count `shards: auto` stands for (None: `auto` is refused)."""
     inp, model = config["input"] if name is None else config["inputs"][name], config["model"]
     shards = inp.get("shards", config["shards"])
+    if shards == AUTO:
+        if auto_shards is None:
+            raise UserError("config `shards: auto` needs this machine's count: resolve it first (shardinfer.auto_shards)")
+        shards = auto_shards
     if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
-        raise UserError(f"config `shards` must be an integer >= 1; got {shards!r}")
+        raise UserError(f"config `shards` must be an integer >= 1 or `auto`; got {shards!r}")
     fmt, parts = resolve_input(inp["path"], inp["format"], inp["split"])
     reads = task_class(model["task"]).inputs(inp, dict(config.get(model["task"]) or {})) if model["task"] in TASKS else None
     return Settings(

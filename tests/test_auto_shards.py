@@ -1,0 +1,79 @@
+"""`shards: auto`: the count follows the machine (GPUs given, cluster job slots, GPUs shown, cores),
+and the main process hands its count to the jobs that parse the Snakefile again elsewhere.
+End to end: tests/test_faults.py (a run that resolves fewer shards replans) and the dry runs below."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+
+from factory import input_frame, prepare_workdir, workflow_config, write_input
+from shardinfer.auto_shards import (CPU_SHARDS, MOST, RESOLVED_VAR, Machine, auto_shards, resolve_auto_shards,
+                                    resource_value, uses_auto)
+
+
+def machine(**given) -> Machine:
+    return Machine(**{"gpus": None, "cores": 2, "job_slots": None, "visible_gpus": 0, **given})
+
+
+@pytest.mark.parametrize("given,count,threads,reason", [
+    ({"gpus": 4, "visible_gpus": 8, "job_slots": 16}, 4, 4, "--resources gpu=4"),
+    ({"job_slots": 16, "visible_gpus": 1}, 16, 4, "--jobs 16 on a cluster executor"),
+    ({"visible_gpus": 2, "cores": 64}, 2, 4, "2 GPU(s) on this machine"),
+    ({"cores": 2}, 2, 1, "no GPU: 2 cores, 1 thread per shard job"),
+    ({"cores": 1}, 1, 1, "no GPU: 1 core, 1 thread per shard job"),
+    ({"cores": 64}, CPU_SHARDS, 8, "no GPU: 64 cores, 8 threads per shard job"),
+    ({"cores": 2, "set_threads": 2}, 1, 2, "no GPU: 2 cores, 2 threads per shard job"),
+    ({"gpus": 5000}, MOST, 4, "--resources gpu=5000"),
+    ({"gpus": 2, "set_threads": 8}, 2, 8, "--resources gpu=2"),
+])
+def test_the_count_follows_the_machine(given, count, threads, reason):
+    resolved = auto_shards(machine(**given), gpu_threads=4)
+    assert (resolved.count, resolved.threads, resolved.reason) == (count, threads, reason)
+
+
+def test_resources_are_read_as_snakemake_holds_them():
+    assert resource_value(SimpleNamespace(value=3)) == 3 and resource_value(2) == 2
+    assert resource_value(None) is None and resource_value(True) is None and resource_value("x") is None
+
+
+def fake_workflow(main: bool, **resources):
+    """Snakemake's workflow object, as far as auto_shards reads it (its attributes by name)."""
+    values = {"_cores": SimpleNamespace(value=2), "_nodes": SimpleNamespace(value=None), **resources}
+    return SimpleNamespace(is_main_process=main, local_exec=True, global_resources=values,
+                           resource_settings=SimpleNamespace(overwrite_threads={}))
+
+
+def test_the_main_process_hands_its_count_to_jobs_that_parse_again():
+    env = {"CUDA_VISIBLE_DEVICES": ""}
+    main = resolve_auto_shards(fake_workflow(True, gpu=SimpleNamespace(value=3)), 4, env)
+    assert (main.count, main.threads, env[RESOLVED_VAR]) == (3, 4, "3,4")
+    job = resolve_auto_shards(fake_workflow(False), 4, env)  # on a node where it would resolve otherwise
+    assert (job.count, job.threads) == (3, 4)
+    alone = resolve_auto_shards(fake_workflow(False), 4, {"CUDA_VISIBLE_DEVICES": ""})  # nothing handed on
+    assert (alone.count, alone.threads) == (2, 1)
+
+
+def test_which_configs_use_auto():
+    assert uses_auto({"shards": "auto", "input": {}}) and not uses_auto({"shards": 3, "input": {}})
+    assert uses_auto({"shards": 3, "inputs": {"a": {}, "b": {"shards": "auto"}}})
+    assert not uses_auto({"shards": "auto", "inputs": {"a": {"shards": 2}}})
+
+
+def test_the_default_config_resolves_auto_and_says_so(models, tmp_path):
+    """Dry runs of the default `shards` (auto), as a user types them: the terminal line and the DAG."""
+    write_input(input_frame(20), tmp_path / "data" / "input.parquet")
+    config = workflow_config("data/input.parquet", models.classifier)
+    del config["shards"]
+    for args, count, reason in ((("--resources", "gpu=3"), 3, "--resources gpu=3"),
+                                ((), 2, "no GPU: 2 cores, 1 thread per shard job")):
+        command, env = prepare_workdir(tmp_path, config, "-n", *args)
+        env = {**env, "CUDA_VISIBLE_DEVICES": ""}
+        result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        shown = result.stdout + result.stderr
+        assert result.returncode == 0, shown[-3000:]
+        assert f"shardinfer: shards: auto -> {count} ({reason})" in shown
+        assert re.search(rf"^infer\s+{count}$", shown, re.M), shown[-3000:]
