@@ -40,7 +40,8 @@ def classify_runs(models, tmp_path_factory):
             workdir = tmp_path_factory.mktemp(f"classify-{rows}-{shards}")
             frame = factory.input_frame(rows)
             path = factory.write_input(frame, workdir / "data" / "input.parquet")
-            result = factory.run_workflow(workdir, factory.workflow_config(path, models.classifier, shards=shards))
+            result = factory.run_workflow(workdir, factory.workflow_config(path, models.classifier, shards=shards),
+                                         report=True)
             assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
             cache[rows, shards] = FinishedRun(workdir, frame, factory.read_predictions(workdir),
                                               result.stdout + result.stderr)

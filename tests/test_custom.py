@@ -68,7 +68,7 @@ def runs(tmp_path_factory, made_example):
     done = {}
     for shards in (1, 3):
         workdir = build_example(tmp_path_factory.mktemp(f"custom-{shards}"), made_example)
-        result = run_workflow(workdir, example_config(shards))
+        result = run_workflow(workdir, example_config(shards), report=shards == 3)
         assert result.returncode == 0, result.stdout + result.stderr
         done[shards] = workdir
     return done

@@ -145,7 +145,8 @@ def test_a_summary_from_before_the_report_is_refused(tmp_path):
 def reported(classify_runs) -> Path:
     """The shared 1000-row, 4-shard classify run, then `snakemake --report report.zip` in its folder."""
     workdir = classify_runs(ROWS, SHARDS).workdir
-    command, env = prepare_workdir(workdir, yaml.safe_load((workdir / "config" / "config.yaml").read_text()))
+    command, env = prepare_workdir(workdir, yaml.safe_load((workdir / "config" / "config.yaml").read_text()),
+                                   report=True)
     result = subprocess.run([*command, "--report", "report.zip"], cwd=workdir, env=env, capture_output=True,
                             text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]

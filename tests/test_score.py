@@ -1,6 +1,6 @@
 """Task score: a cross-encoder's score of each text pair equals the model called on the pair
 directly (token types included, pairs cut longest first), raw or through a sigmoid; bad settings
-are refused in one line; 3 shards equal 1 shard tokenized ahead, row for row, through `snakemake`."""
+are refused in one line; 2 shards equal 1 shard tokenized ahead, row for row, through `snakemake`."""
 
 import copy
 
@@ -126,19 +126,19 @@ def test_bad_settings_are_refused_in_one_line(cross, pairs, tmp_path):
     assert refused(lambda: load(validated(score_config(path, two)))).startswith(wanted)  # and again at load
 
 
-def test_three_shards_equal_one_shard_tokenized_ahead_row_for_row(cross, tmp_path):
-    """Two runs at once: 1 shard whose token ids (and types) the tokenize rule made, 3 tokenizing in the job."""
+def test_two_shards_equal_one_shard_tokenized_ahead_row_for_row(cross, tmp_path):
+    """Two runs at once: 1 shard whose token ids (and types) the tokenize rule made, 2 tokenizing in the job."""
     frame = pairs_frame(40)
     runs = []
-    for name, shards, ahead in (("one", 1, True), ("three", 3, False)):
+    for name, shards, ahead in (("one", 1, True), ("two", 2, False)):
         workdir = tmp_path / name
         path = write_input(frame, workdir / "data" / "pairs.parquet")
         runs.append((workdir, score_config(path, cross, shards=shards, tokenize={"ahead": ahead})))
     for result in run_workflows(runs):
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    one, three = (read_predictions(workdir) for workdir, _ in runs)
-    assert one["index"].tolist() == three["index"].tolist() == list(range(40))
-    assert one["id"].tolist() == three["id"].tolist() == frame["id"].tolist()
-    np.testing.assert_allclose(three["score"], one["score"], atol=1e-5)
+    one, two = (read_predictions(workdir) for workdir, _ in runs)
+    assert one["index"].tolist() == two["index"].tolist() == list(range(40))
+    assert one["id"].tolist() == two["id"].tolist() == frame["id"].tolist()
+    np.testing.assert_allclose(two["score"], one["score"], atol=1e-5)
     np.testing.assert_allclose(one["score"], direct(cross, frame), atol=1e-5)
     assert any((runs[0][0] / "results" / "tokens").rglob("*.parquet"))  # the shard read token files made ahead

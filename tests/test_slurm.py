@@ -54,8 +54,8 @@ def _cannot_run(reason: str):
 
 
 @pytest.fixture(scope="module")
-def slurm():
-    """A running single-node Slurm (started here unless it already runs)."""
+def slurm(tmp_path_factory):
+    """A running single-node Slurm (started here unless it already runs; stopped after the module)."""
     if os.environ.get("SHARDINFER_SLURM_TESTS") == "0":
         _cannot_run("SHARDINFER_SLURM_TESTS=0")
     if not sys.platform.startswith("linux") or os.geteuid() != 0:
@@ -72,9 +72,9 @@ def slurm():
         _cannot_run(f"tests/slurm/start-slurm exited {start.returncode}:\n{start.stdout[-2000:]}{start.stderr[-3000:]}")
     started = start.stdout.strip().endswith("slurm: started")
     yield
-    if started:
-        stop = subprocess.run([str(SCRIPTS / "stop-slurm")], capture_output=True, text=True, timeout=300)
-        assert stop.returncode == 0, stop.stdout + stop.stderr
+    if started:  # in the background (its daemons take seconds to stop): no test after this module uses Slurm
+        with (tmp_path_factory.getbasetemp() / "stop-slurm.log").open("w") as log:
+            subprocess.Popen([str(SCRIPTS / "stop-slurm")], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +260,7 @@ def scenarios(slurm, profile, models, tmp_path_factory) -> dict[str, Scenario]:
     started = {
         "cancel": start("cancel", rows=30, shards=2, seed=13, fault=cancel_job),
         "retry": start("retry", rows=30, shards=2, seed=12, args=("--retries", "1"), fault=kill_shard_step),
-        "jobs": start("jobs", rows=40, shards=3, seed=11),
+        "jobs": start("jobs", rows=40, shards=2, seed=11),
     }
     yield started
     for scenario in started.values():  # a test that failed early may leave its run going

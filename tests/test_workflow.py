@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import reference
-from factory import input_frame, read_predictions, run_workflow, workflow_config, write_empty_input, write_input
+from factory import input_frame, read_predictions, run_workflow, run_workflows, workflow_config, write_empty_input, write_input
 
 ATOL = 1e-5  # float32 on CPU: batched vs unbatched attention differs by ~1e-7
 
@@ -39,7 +39,7 @@ def test_classify_any_shard_count_equals_one_shard(classify_runs, shards):
                      float_columns={"probs"})
 
 
-@pytest.mark.parametrize("rows,shards", [(1000, 1), (1000, 4), (3, 5)])
+@pytest.mark.parametrize("rows,shards", [(1000, 1), (1000, 4), (2, 4)])
 def test_classify_rows_are_the_models_own_outputs(classify_runs, models, rows, shards):
     """Against the model run on each text alone: with more shards than rows (empty shards) too."""
     run = classify_runs(rows, shards)
@@ -181,17 +181,16 @@ def assert_refused(result, workdir, *fragments):
     assert not (workdir / "results" / "predictions.parquet").exists()
 
 
-def test_adapter_without_classifier_head_is_refused(models, tmp_path):
-    path = write_input(input_frame(10), tmp_path / "data" / "input.parquet")
-    result = run_workflow(tmp_path, workflow_config(path, models.encoder, shards=1, adapter=models.lora_without_head))
-    assert_refused(result, tmp_path, "classifier weights classifier.bias, classifier.weight are missing",
+def test_a_classifier_head_that_an_adapter_lacks_or_nobody_trained_is_refused(models, tmp_path):
+    """Two runs at once (each one shard): an adapter without the head it needs, a base without one."""
+    runs = []
+    for name, adapter in (("adapter", models.lora_without_head), ("base", None)):
+        path = write_input(input_frame(10), tmp_path / name / "data" / "input.parquet")
+        runs.append((tmp_path / name, workflow_config(path, models.encoder, shards=1, adapter=adapter)))
+    without_head, untrained = run_workflows(runs)
+    assert_refused(without_head, tmp_path / "adapter", "classifier weights classifier.bias, classifier.weight are missing",
                    "predictions would be random")
-
-
-def test_classifier_without_trained_head_is_refused(models, tmp_path):
-    path = write_input(input_frame(10), tmp_path / "data" / "input.parquet")
-    result = run_workflow(tmp_path, workflow_config(path, models.encoder, shards=1))
-    assert_refused(result, tmp_path, "it has no trained classification head")
+    assert_refused(untrained, tmp_path / "base", "it has no trained classification head")
 
 
 def test_an_input_without_rows_gives_an_empty_proven_table_and_a_warning(models, tmp_path):
