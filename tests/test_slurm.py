@@ -79,11 +79,13 @@ def slurm(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory) -> Path:
-    """profiles/slurm as shipped, but for this node: 1 CPU and 1 GB per job; and quicker polling."""
+    """profiles/slurm as shipped, but for this node: 1 CPU and 1 GB per job, 2 jobs at once (what
+    `shards: auto` resolves to on a cluster); and quicker polling."""
     config = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
     assert config["executor"] == "slurm" and "retries" not in config
     assert config["slurm-status-command"] == "squeue"  # what lets a cancelled job fail (see the profile)
     config["set-threads"]["infer"] = 1
+    config["jobs"] = 2
     # Polling cadence only, to keep CI short: first status check 2 s after submission, not 5.
     config["slurm-init-seconds-before-status-checks"] = 2
     config["default-resources"]["mem_mb"] = 1000
@@ -101,11 +103,12 @@ class Case:
     shards: int
 
 
-def make_case(models, workdir: Path, rows: int, shards: int, seed: int) -> Case:
+def make_case(models, workdir: Path, rows: int, shards: int, seed: int, auto: bool = False) -> Case:
+    """`auto`: the config says `shards: auto`, which the profile's `jobs: 2` resolves to `shards`."""
     frame = input_frame(rows, seed=seed)
     path = write_input(frame, workdir / "data" / "input.parquet")
     (workdir / "config").mkdir(parents=True, exist_ok=True)
-    config = workflow_config(path, models.classifier, shards=shards)
+    config = workflow_config(path, models.classifier, shards="auto" if auto else shards)
     (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config))
     return Case(workdir, frame, shards)
 
@@ -248,8 +251,8 @@ def scenarios(slurm, profile, models, tmp_path_factory) -> dict[str, Scenario]:
     (Slurm queues what does not fit) and their waits between status checks overlap, so the module
     takes about half as long as running them one after another. Each test waits for its own."""
 
-    def start(name: str, rows: int, shards: int, seed: int, args=(), fault=None) -> Scenario:
-        case = make_case(models, tmp_path_factory.mktemp(name), rows=rows, shards=shards, seed=seed)
+    def start(name: str, rows: int, shards: int, seed: int, args=(), fault=None, auto=False) -> Scenario:
+        case = make_case(models, tmp_path_factory.mktemp(name), rows=rows, shards=shards, seed=seed, auto=auto)
         watcher = ShardWatcher(case.workdir, shard=1, action=fault) if fault else None
         scenario = Scenario(case, Run(case, profile, *args), watcher)
         if watcher:
@@ -260,7 +263,7 @@ def scenarios(slurm, profile, models, tmp_path_factory) -> dict[str, Scenario]:
     started = {
         "cancel": start("cancel", rows=30, shards=2, seed=13, fault=cancel_job),
         "retry": start("retry", rows=30, shards=2, seed=12, args=("--retries", "1"), fault=kill_shard_step),
-        "jobs": start("jobs", rows=40, shards=2, seed=11),
+        "jobs": start("jobs", rows=40, shards=2, seed=11, auto=True),
     }
     yield started
     for scenario in started.values():  # a test that failed early may leave its run going
@@ -306,9 +309,12 @@ def test_a_cancelled_shard_is_finished_by_rerunning_the_same_command(scenarios, 
 
 
 def test_every_shard_is_its_own_slurm_job_on_its_own_gpu(scenarios, models):
+    """With `shards: auto`: the count the submitting process resolved (`--jobs 2`), which each job
+    takes over when it parses the Snakefile again on its node (where it would resolve 1: one GPU)."""
     case = scenarios["jobs"].case
     status, output, run_id = scenarios["jobs"].run.wait()
     assert status == 0, output[-6000:]
+    assert "shardinfer: shards: auto -> 2 (--jobs 2 on a cluster executor)" in output, output[-6000:]
     assert_table_is_right(case, models)
 
     jobs = sacct(run_id)
