@@ -43,7 +43,7 @@ def test_resources_are_read_as_snakemake_holds_them():
 def fake_workflow(main: bool, **resources):
     """Snakemake's workflow object, as far as auto_shards reads it (its attributes by name)."""
     values = {"_cores": SimpleNamespace(value=2), "_nodes": SimpleNamespace(value=None), **resources}
-    return SimpleNamespace(is_main_process=main, local_exec=True, global_resources=values,
+    return SimpleNamespace(is_main_process=main, global_resources=values,
                            resource_settings=SimpleNamespace(overwrite_threads={}))
 
 

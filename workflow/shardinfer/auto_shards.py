@@ -83,10 +83,12 @@ def resource_value(value) -> int | None:
 
 
 def machine_of(workflow, env: Mapping[str, str] = os.environ) -> Machine:
-    """The Machine of a Snakemake `workflow` object (read by duck typing: this module imports no Snakemake)."""
+    """The Machine of a Snakemake `workflow` object (read by duck typing: this module imports no
+    Snakemake). Job slots: `--jobs`, which Snakemake keeps only for a cluster executor (on the local
+    one it stands for --cores); its executor itself is not known yet while the Snakefile loads."""
     resources = workflow.global_resources
     cores = resource_value(resources.get("_cores")) or os.cpu_count() or 1  # None: a dry run without --cores
-    slots = None if workflow.local_exec else resource_value(resources.get("_nodes"))
+    slots = resource_value(resources.get("_nodes"))
     return Machine(gpus=resource_value(resources.get("gpu")), cores=cores, job_slots=slots,
                    visible_gpus=len(candidate_devices(env, detect_gpu_count)),
                    set_threads=resource_value(workflow.resource_settings.overwrite_threads.get("infer")))
