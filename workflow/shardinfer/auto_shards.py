@@ -88,9 +88,10 @@ def machine_of(workflow, env: Mapping[str, str] = os.environ) -> Machine:
     one it stands for --cores); its executor itself is not known yet while the Snakefile loads."""
     resources = workflow.global_resources
     cores = resource_value(resources.get("_cores")) or os.cpu_count() or 1  # None: a dry run without --cores
-    slots = resource_value(resources.get("_nodes"))
-    return Machine(gpus=resource_value(resources.get("gpu")), cores=cores, job_slots=slots,
-                   visible_gpus=len(candidate_devices(env, detect_gpu_count)),
+    gpus, slots = resource_value(resources.get("gpu")), resource_value(resources.get("_nodes"))
+    # Counting the machine's GPUs may run nvidia-smi: only when neither of the above decides.
+    visible = 0 if gpus or slots else len(candidate_devices(env, detect_gpu_count))
+    return Machine(gpus=gpus, cores=cores, job_slots=slots, visible_gpus=visible,
                    set_threads=resource_value(workflow.resource_settings.overwrite_threads.get("infer")))
 
 
