@@ -23,5 +23,6 @@ if __name__ == "__main__":
         tokens=snakemake.input.get("tokens"),
         tokenizer_key=snakemake.params.tokenizer_key,
         files=snakemake.output.get("files"),
+        cut=snakemake.input.get("cut"),
     )
     run_job(snakemake.log[0], run_shard, job, outdated=snakemake.params.outdated)

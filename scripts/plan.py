@@ -10,7 +10,11 @@ from shardinfer.config import InputSettings  # noqa: E402
 from shardinfer.jobs import run_job  # noqa: E402
 from shardinfer.plan import run_plan  # noqa: E402
 
-params = snakemake.params
+params, output = snakemake.params, snakemake.output
+# Without a shared filesystem the parts are read where the job's storage copies lie, and each shard's
+# rows are cut (output `cuts`) instead of staged (output `staged`).
+cuts = output.get("cuts")
 run_job(snakemake.log[0], run_plan, InputSettings.from_dict(params.input), params.shards, params.max_length,
-        snakemake.output.plan, params.shard_dir, params.files_dir, snakemake.output.staged, params.overhead,
+        output.plan, params.shard_dir, params.files_dir, output.get("staged"), params.overhead,
+        local_parts=list(snakemake.input.table) if cuts else None, cut_paths=cuts and list(cuts),
         outdated=params.outdated)

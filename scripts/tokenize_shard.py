@@ -25,5 +25,6 @@ job = TokenizeJob(
     output=snakemake.output.tokens,
     tokenizer_key=snakemake.params.tokenizer_key,
     threads=snakemake.threads,
+    cut=snakemake.input.get("cut"),
 )
 run_job(snakemake.log[0], run_tokenize, job)

@@ -2,6 +2,7 @@
 test modules read (each end-to-end run costs seconds of Snakemake and torch start-up, so a run that
 only needs reading is made once per session)."""
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,7 @@ sys.path.insert(0, str(REPO / "workflow"))
 sys.path.insert(0, str(REPO / "tests"))
 
 import factory  # noqa: E402
+import s3_server  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -48,3 +50,18 @@ def classify_runs(models, tmp_path_factory):
         return cache[rows, shards]
 
     return finished
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory) -> s3_server.S3Server:
+    """A real S3-compatible server on localhost (tests/storage/start-s3), started on first use and
+    stopped when the session ends. Without it the tests that need it are skipped, unless CI=true:
+    then they fail, so CI cannot skip them silently."""
+    try:
+        server = s3_server.start(tmp_path_factory.mktemp("s3"))
+    except (RuntimeError, OSError) as error:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the S3 server did not start: {error}")
+        pytest.skip(f"the S3 server did not start: {error}")
+    yield server
+    s3_server.stop(server)

@@ -338,3 +338,20 @@ def build_tiny_cross_encoder(root: Path, num_labels: int = 1) -> Path:
     model.save_pretrained(path)
     save_tokenizer(path)
     return path
+
+
+def workflow_clone(folder: Path) -> Path:
+    """The workflow's sources in `folder`, as a git repository of their own: a user's clone, from
+    which Snakemake packs the files git tracks for jobs that share no filesystem (--job-deploy-sources)."""
+    import shutil
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("Snakefile", "workflow", "scripts", "envs", "config", "profiles"):
+        source = REPO / name
+        if source.is_dir():
+            shutil.copytree(source, folder / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, folder / name)
+    subprocess.run(["git", "init", "-q"], cwd=folder, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=folder, check=True)
+    return folder

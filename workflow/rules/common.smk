@@ -42,6 +42,7 @@ from shardinfer.auto_shards import resolve_auto_shards, uses_auto
 from shardinfer.checks import (
     check_input_keys,
     check_inputs,
+    check_storage_inputs,
     check_writable,
     schema_errors,
 )
@@ -52,6 +53,12 @@ from shardinfer.rule_params import InputJobs, shared_tokenizer_key
 from shardinfer.input.shard_bound import shard_count_note
 from shardinfer.tasks import may_write_files, task_class
 from shardinfer.terminal import summary_lines
+
+# Without a shared filesystem: a default storage provider (S3, ...) holds the input and every result,
+# and each job sees only its declared files, downloaded (README, "Without a shared filesystem").
+STORAGE = (
+    getattr(workflow.storage_settings, "default_storage_provider", None) is not None
+)
 
 # Threads of each shard job (rule infer) and token-writing job (rule tokenize) on a GPU machine or a
 # cluster: feeding the GPU. `shards: auto` without a GPU splits the cores between shard jobs instead.
@@ -77,12 +84,16 @@ def load_inputs(config):
         check_input_keys(config)
         schema_errors(config, workflow.source_path("../schemas/config.schema.yaml"))
         validate(config, "../schemas/config.schema.yaml")
+        if STORAGE:
+            check_storage_inputs(config)
         auto = resolve_auto(config)
         by_name = settings_by_input(config, auto and auto.count)
-        check_inputs(by_name)
+        check_inputs(by_name, STORAGE)
         if workflow.is_main_process:
             check_writable()
-        inputs = {name: InputJobs.of(settings) for name, settings in by_name.items()}
+        inputs = {
+            name: InputJobs.of(settings, STORAGE) for name, settings in by_name.items()
+        }
     except UserError as error:
         refuse(error)
     note = shard_count_note(sum(run.shards for run in inputs.values()))
@@ -144,11 +155,55 @@ wildcard_constraints:
 
 
 SHARD_FILE = named_path("results/shards/{shard}.parquet")
+# What the shard jobs read beside the plan. On a shared filesystem: the input's parts, and the plan's
+# copies of those that cannot be read by range (input.stage; often none), a folder. Without one: each
+# shard's own rows, cut by the plan (shardinfer.input.shard_cuts), and no folder (a bucket holds none).
+STAGED_DIR = named_path("results/staged")
+CUT_FILE = named_path("results/cuts/{shard}.parquet")
+SHARD_READS = {"cut": CUT_FILE} if STORAGE else {"staged": STAGED_DIR}
+# One count for every input without a shared filesystem (checks.check_storage_inputs).
+PLAN_READS = (
+    {
+        "cuts": expand(
+            CUT_FILE,
+            shard=range(next(iter(INPUTS.values())).shards),
+            allow_missing=True,
+        )
+    }
+    if STORAGE
+    else {"staged": directory(STAGED_DIR)}
+)
+# Gather proves the input by its content digest: without a shared filesystem, its downloaded parts.
+GATHER_READS = {"parts": input_value("files")} if STORAGE else {"staged": STAGED_DIR}
 # The gather job's outputs: the final table and its summary.
 GATHERED = {
     "predictions": named_path("results/predictions.parquet"),
     "summary": named_path("results/summary.json"),
 }
+
+
+def remove_outdated_from_storage():
+    """Without a shared filesystem, the plan and shard jobs cannot remove the table they outdate
+    (`outdated_outputs`: they see no bucket). So this process does, before any job runs, for each
+    input whose plan, tokenize or shard jobs this run is about to rerun: a run that fails after it
+    never leaves the previous table in the bucket as if it were current.
+    """
+    if not STORAGE:
+        return
+    rerun = {
+        job.wildcards.get("name")
+        for job in workflow.dag.needrun_jobs()
+        if job.rule.name in ("plan", "tokenize", "infer")
+    }
+    provider = workflow.storage_registry.default_storage_provider
+    for name in sorted(rerun, key=str):
+        for path in outdated_outputs({"name": name}):
+            stored = provider.object(stored_at(path))
+            if workflow.async_run(stored.managed_exists()):
+                logger.info(
+                    f"shardinfer: removed {stored_at(path)}, outdated by this run"
+                )
+                workflow.async_run(stored.managed_remove())
 
 
 def outdated_outputs(wildcards):
@@ -246,21 +301,70 @@ def files_folders(wildcards):
 STARTED = time.time()  # when this Snakemake run loaded the workflow
 
 
+def stored_at(path):
+    """Where a result lies: `path` itself, or without a shared filesystem its object in storage
+    (the default storage prefix before it, as Snakemake maps every input and output)."""
+    prefix = (workflow.storage_settings.default_storage_prefix or "") if STORAGE else ""
+    return f"{prefix.rstrip('/')}/{path}" if prefix else path
+
+
+def written_in_this_run(path):
+    """Where this process reads `path`, a file written since this run started: the file itself, or
+    without a shared filesystem its copy retrieved from storage; None when it is older or absent.
+    """
+    if not STORAGE:
+        fresh = os.path.isfile(path) and os.path.getmtime(path) >= STARTED
+        return path if fresh else None
+    stored = workflow.storage_registry.default_storage_provider.object(stored_at(path))
+    if not workflow.async_run(stored.managed_exists()):
+        return None
+    if workflow.async_run(stored.managed_mtime()) < STARTED:
+        return None
+    workflow.async_run(stored.managed_retrieve())
+    return str(stored.local_path())
+
+
+def print_failed_logs_from_storage(main_logs):
+    """Without a shared filesystem, the log of a failed job is uploaded to storage, where this process
+    does not look (show-failed-logs says "Logfile ... not found"): fetch each one that the run's
+    log (`main_logs`: Snakemake's log files of this run) names for a failed job and put it on the
+    terminal, so its one-line ERROR is seen.
+    """
+    if not STORAGE:
+        return
+    text = "".join(Path(path).read_text() for path in main_logs if os.path.isfile(path))
+    failed = re.findall(r"log: (\S+) \(send to storage\) \(check log file", text)
+    provider = workflow.storage_registry.default_storage_provider
+    for query in dict.fromkeys(failed):
+        stored = provider.object(query)
+        if not workflow.async_run(stored.managed_exists()):
+            continue
+        workflow.async_run(stored.managed_retrieve())
+        logger.error(
+            f"Log of the failed job, {query}:\n{stored.local_path().read_text()}"
+        )
+
+
 def print_run_summary(predictions, summary):
     """After a successful run, a few lines on the terminal for each input, from the summary gather
     wrote in this run; a summary from an earlier run (this run's target did not include that
     input's gather) is not shown. `predictions` and `summary`: the gather rule's patterns.
     """
+    if (
+        STORAGE
+    ):  # the rule's outputs name this process's local copies: the objects' own paths instead
+        predictions, summary = GATHERED["predictions"], GATHERED["summary"]
     lines = []
     tables, summaries = every_input([predictions]), every_input([summary])
     for name, table, written in zip(INPUTS, tables, summaries):
-        if not os.path.isfile(written) or os.path.getmtime(written) < STARTED:
+        local = written_in_this_run(written)
+        if local is None:
             continue
         logs = named_path("logs/infer/<shard>.log").format(name=name)
-        with open(written) as handle:
-            lines += summary_lines(
-                json.load(handle), table, written, logs, report=False, since=STARTED
-            )
+        with open(local) as handle:
+            summary = json.load(handle)
+        where = stored_at(table), stored_at(written)
+        lines += summary_lines(summary, *where, logs, report=False, since=STARTED)
     if lines:
         lines.append("shardinfer: figures and tables: snakemake --report report.zip")
         logger.info("\n".join(lines))

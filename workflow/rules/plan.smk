@@ -2,9 +2,10 @@ rule plan:
     input:
         table=input_value("files"),
     output:
+        **PLAN_READS,
         plan=named_path("results/plan.json"),
-        # Copies of the parts that shards cannot read by range (input.stage); often empty.
-        staged=directory(named_path("results/staged")),
+        # Copies of the parts that shards cannot read by range (input.stage; often empty), or without a
+        # shared filesystem each shard's rows (common.smk).
     log:
         named_path("logs/plan.log"),
     benchmark:

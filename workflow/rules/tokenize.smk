@@ -1,7 +1,7 @@
 rule tokenize:
     input:
+        **SHARD_READS,  # as in rule infer
         plan=rules.plan.output.plan,  # stands for the input's files, as in rule infer
-        staged=rules.plan.output.staged,
     output:
         tokens=TOKENS_FILE,
     log:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from shardinfer.config import InputSettings, Settings
 from shardinfer.errors import UserError
-from shardinfer.input.discovery import missing_input
+from shardinfer.input.discovery import GLOB_CHARACTERS, missing_input
 from shardinfer.input.formats import format_named
 from shardinfer.input.shard_bound import check_shard_count
 from shardinfer.proof.shard_file import INDEX_COLUMN
@@ -79,23 +79,41 @@ def check_writable(folders: tuple[str, ...] = ("results", "logs")) -> None:
                             "or run from another folder") from None
 
 
-def check_inputs(by_name: dict[str | None, Settings]) -> None:
-    """`check_settings` for each input; an error in a named one says which (`inputs.test: ...`)."""
+def check_storage_inputs(config: dict) -> None:
+    """Without a shared filesystem (a default storage provider), each input is one file in the bucket:
+    this process cannot list a folder or glob there. And every input has the same number of shards,
+    since the plan rule declares one cut per shard as its outputs (shardinfer.input.shard_cuts)."""
+    inputs = {None: config["input"]} if "input" in config else config["inputs"]
+    for name, inp in inputs.items():
+        path, key = str(inp["path"]), "input.path" if name is None else f"inputs.{name}.path"
+        if any(c in path for c in GLOB_CHARACTERS) or path.endswith("/"):
+            raise UserError(f"{key} `{path}` is a glob or folder; without a shared filesystem (a default storage "
+                            "provider) give one file, in the bucket under the storage prefix")
+    counts = {name: inp.get("shards", config["shards"]) for name, inp in inputs.items()}
+    if len(set(map(str, counts.values()))) > 1:
+        raise UserError(f"inputs have different `shards` ({counts}); without a shared filesystem give them one "
+                        "count (the top-level `shards`)")
+
+
+def check_inputs(by_name: dict[str | None, Settings], storage: bool = False) -> None:
+    """`check_settings` for each input; an error in a named one says which (`inputs.test: ...`).
+    `storage`: the input is in a storage provider's bucket, which this process does not see."""
     for name, settings in by_name.items():
         try:
-            check_settings(settings)
+            check_settings(settings, storage)
         except UserError as error:
             if name is None:
                 raise
             raise UserError(f"inputs.{name}: {error}") from None
 
 
-def check_settings(settings: Settings) -> None:
-    """Checks that need the file system; each raises a one-line UserError."""
+def check_settings(settings: Settings, storage: bool = False) -> None:
+    """Checks that need the file system; each raises a one-line UserError. `storage`: the input's
+    files are objects in a storage provider's bucket, whose absence Snakemake reports itself."""
     inp, model = settings.input, settings.model
     if model.task not in TASKS:
         raise UserError(f"model.task must be one of {', '.join(TASKS)}; got {model.task!r}")
-    for part in inp.files:
+    for part in () if storage else inp.files:
         if not Path(part).is_file():
             raise missing_input(part)
     check_keep_columns(inp, (INDEX_COLUMN, *output_columns(model.task)))

@@ -34,13 +34,14 @@ from shardinfer.errors import UserError
 from shardinfer.input.formats import format_named
 from shardinfer.input.parts import Part, PartsScan, Piece, check_same_parts, iter_pieces, one_file, scan_parts
 from shardinfer.input.formats.base import Span
+from shardinfer.input.shard_cuts import Cut, cut_part, cut_pieces, read_as_cut, write_cut
 from shardinfer.input.staging import stage_part, staged_name, wants_staging
 
 log = logging.getLogger(__name__)
 # 3: the input's content digest; 4: each shard's span (CSV/JSONL) and the JSONL fields;
 # 5: the input's parts (path, first row, rows, size, mtime, digest) and each shard's pieces of them;
 # 6: each part's staged copy (path, size, mtime, digest) or null; `input.fields` (was jsonl_fields), for
-# Parquet parts of differing types too
+# Parquet parts of differing types too (and, since, each shard's `cut` or null: absent reads as null)
 PLAN_VERSION = 6
 
 
@@ -102,21 +103,64 @@ class Plan:
     pieces: tuple[tuple[Piece, ...], ...]  # per shard, its rows in each part it overlaps
     fields: pa.Schema | None = None  # the types every part is read in (`Format.fields`)
     split: str | None = None  # input.split: the DatasetDict's split that `input_path` resolves to
+    # Per shard, its rows written out for jobs without a shared filesystem (shardinfer.input.shard_cuts);
+    # None: the shards read the input's parts.
+    cuts: tuple[Cut, ...] | None = None
+    reads_cut: bool = False  # as a shard job reads it: its `parts` are its own cut (`reading_cut`)
 
     @property
     def shards(self) -> int:
         return len(self.ranges)
 
+    def _as_read(self, inp: InputSettings) -> InputSettings:
+        return read_as_cut(inp) if self.reads_cut else inp
+
     def shard_rows(self, inp: InputSettings, shard: int, from_row: int = 0) -> Iterator[tuple[int, pa.RecordBatch]]:
         """A shard's rows as (the input's row number of the batch's first row, batch), in the
         plan's types over all parts; from row `from_row` on when a resumed shard keeps those before."""
-        return iter_pieces(inp, self.pieces[shard], self.fields, from_row)
+        return iter_pieces(self._as_read(inp), self.pieces[shard], self.fields, from_row)
 
     def no_rows(self, inp: InputSettings) -> pa.RecordBatch:
         """The read columns without rows, in the types a read gives them (`Format.no_rows`, of the first
         part): for the shard files of an input that has no rows, which no shard's rows can type."""
-        first = one_file(inp, self.parts[0].read_path)
-        return format_named(inp.format).no_rows(first, self.fields)
+        inp = self._as_read(inp)
+        return format_named(inp.format).no_rows(one_file(inp, self.parts[0].read_path), self.fields)
+
+    def for_shard(self, shard: int, cut: str | None = None) -> Plan:
+        """The plan as shard `shard`'s job reads it: from `cut`, its copy of the shard's cut (a job
+        without a shared filesystem), else from the input's parts, refused if any changed since planning."""
+        if cut is not None:
+            return self.reading_cut(shard, cut)
+        self.check_input_unchanged()
+        return self
+
+    def reading_cut(self, shard: int, path: str) -> Plan:
+        """The plan as a job without the input's files reads shard `shard`: its rows from its cut, the
+        local copy `path` (refused unless its bytes are the planned ones), none of the other shards'."""
+        if self.cuts is None:
+            raise UserError(f"plan {self.plan_id} has no shard cuts (planned with a shared filesystem); rerun the plan")
+        self.cuts[shard].check(path, shard)
+        part = cut_part(self.cuts[shard], path, self.ranges[shard][0])
+        return dataclasses.replace(self, parts=(part,), pieces=cut_pieces(part, shard, self.shards), reads_cut=True)
+
+    def named_as(self, names: tuple[str, ...]) -> Plan:
+        """The plan with its parts named `names` (the input's paths as configured) instead of where the
+        plan job found their storage copies, so that the plan file says which objects were planned; and
+        without the copies' mtimes, which are the download's: the same objects always plan alike."""
+        renamed = {part.path: dataclasses.replace(part, path=name, mtime_ns=0) for part, name in zip(self.parts, names)}
+        pieces = tuple(tuple(dataclasses.replace(piece, part=renamed[piece.part.path]) for piece in shard)
+                       for shard in self.pieces)
+        parts = tuple(renamed.values())
+        return dataclasses.replace(self, parts=parts, pieces=pieces,
+                                   plan_id=plan_id_of(self.input_path, parts, self.rows, self.ranges))
+
+    def write_cuts(self, inp: InputSettings, paths: list[str]) -> Plan:
+        """Write each shard's rows to its cut (`paths`, in shard order); the plan recording them."""
+        if len(paths) != self.shards:
+            raise UserError(f"the plan rule got {len(paths)} cut paths for {self.shards} shards; rerun the plan")
+        schema = self.no_rows(inp).schema
+        cuts = tuple(write_cut(self.shard_rows(inp, shard), schema, path) for shard, path in enumerate(paths))
+        return dataclasses.replace(self, cuts=cuts)
 
     def check_input_unchanged(self) -> None:
         """Refuse to use a plan whose input has changed since planning: a part added, removed or
@@ -138,15 +182,19 @@ def make_plan(inp: InputSettings, shards: int, max_length: int, staged_dir: str 
     row_costs = estimated_tokens(scan.chars(), max_length) + overhead
     ranges = tuple(balanced_ranges(row_costs, shards))
     costs = tuple(int(row_costs[s:e].sum()) for s, e in ranges)
-    body = {"input_path": inp.path, "parts": [asdict(part) for part in scan.parts], "rows": scan.rows,
-            "ranges": ranges}
-    plan_id = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+    plan_id = plan_id_of(inp.path, scan.parts, scan.rows, ranges)
     pieces = scan.pieces(list(ranges))
     if staged_dir is not None:
         scan = dataclasses.replace(scan, parts=staged_parts(inp, scan.parts, pieces, staged_dir))
         pieces = scan.pieces(list(ranges))  # the same pieces, of the parts with their copies
     return Plan(plan_id=plan_id, input_path=inp.path, parts=scan.parts, rows=scan.rows, ranges=ranges, costs=costs,
                 pieces=pieces, fields=scan.fields, split=inp.split)
+
+
+def plan_id_of(input_path: str, parts: tuple[Part, ...], rows: int, ranges: tuple[tuple[int, int], ...]) -> str:
+    """What names a plan: a digest of the input's parts (each with its identity) and the ranges."""
+    body = {"input_path": input_path, "parts": [asdict(part) for part in parts], "rows": rows, "ranges": ranges}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def staged_parts(inp: InputSettings, parts: tuple[Part, ...], pieces: tuple[tuple[Piece, ...], ...], folder: str
@@ -202,7 +250,8 @@ def write_plan(plan: Plan, path: str) -> None:
             "cost": {"estimate": COST_ESTIMATE, "total": sum(plan.costs)},
             "shards": [{"shard": i, "start": s, "end": e, "rows": e - s, "cost": c,
                         "pieces": [{"part": position[piece.part.path], "start": piece.start, "end": piece.end,
-                                    "span": piece.span and piece.span.to_json()} for piece in pieces]}
+                                    "span": piece.span and piece.span.to_json()} for piece in pieces],
+                        "cut": plan.cuts and asdict(plan.cuts[i])}
                        for i, ((s, e), c, pieces) in enumerate(zip(plan.ranges, plan.costs, plan.pieces))],
         },
     )
@@ -230,6 +279,7 @@ def read_plan(path: str) -> Plan:
         pieces=tuple(tuple(piece(p) for p in s["pieces"]) for s in shards),
         fields=fields,
         split=data["input"].get("split"),
+        cuts=tuple(Cut.from_json(s["cut"]) for s in shards) if shards and shards[0].get("cut") else None,
     )
 
 
@@ -268,9 +318,19 @@ def _numbered(folder: str, pattern: str) -> list[tuple[int, Path]]:
 
 
 def run_plan(inp: InputSettings, shards: int, max_length: int, plan_path: str, shard_dir: str | None = None,
-             files_dir: str | None = None, staged_dir: str | None = None, overhead: int = 0) -> Plan:
-    """The plan rule: scan, cut, stage, write; logs the ranges."""
-    plan = make_plan(inp, shards, max_length, staged_dir, overhead)
+             files_dir: str | None = None, staged_dir: str | None = None, overhead: int = 0,
+             local_parts: list[str] | None = None, cut_paths: list[str] | None = None) -> Plan:
+    """The plan rule: scan, cut, stage, write; logs the ranges. Without a shared filesystem the job
+    reads its storage copies of the parts (`local_parts`, in the input's order) and writes each shard's
+    rows to its cut (`cut_paths`: shardinfer.input.shard_cuts) instead of staging any part."""
+    read = dataclasses.replace(inp, parts=tuple(local_parts)) if local_parts else inp
+    plan = make_plan(read, shards, max_length, staged_dir, overhead)
+    if cut_paths is not None:
+        plan = plan.write_cuts(read, cut_paths)
+        log.info("cut the shards' rows into %d files, %d bytes in all (the input: %d bytes)", plan.shards,
+                 sum(cut.size for cut in plan.cuts), sum(part.size for part in plan.parts))
+    if local_parts:
+        plan = plan.named_as(inp.files)
     if shard_dir is not None:
         remove_stale_shards(shard_dir, shards, files_dir)
     write_plan(plan, plan_path)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from shardinfer.config import Settings
 from shardinfer.settings_digest import output_digest
-from shardinfer.input.identity import gather_trigger, plan_trigger
+from shardinfer.input.identity import gather_trigger, plan_trigger, storage_trigger
 
 
 # Sections of the settings that decide how fast rows are computed, never what comes out: not in
@@ -42,7 +42,9 @@ class InputJobs:
     evaluate: dict
 
     @classmethod
-    def of(cls, settings: Settings) -> InputJobs:
+    def of(cls, settings: Settings, storage: bool = False) -> InputJobs:
+        """`storage`: the input is in a storage provider's bucket (no shared filesystem), which this
+        process cannot stat; Snakemake reruns the plan for a newer object, gather proves the content."""
         job_settings = settings.to_dict()
         job_settings["input"]["parts"] = []
         evaluate = job_settings.pop("evaluate")
@@ -53,8 +55,8 @@ class InputJobs:
             files=list(settings.input.files),
             plan_input=settings.to_dict()["input"],
             shards=settings.shards,
-            version=plan_trigger(settings.input.files),
-            identity=gather_trigger(settings.input.files),
+            version=storage_trigger(settings.input.files) if storage else plan_trigger(settings.input.files),
+            identity=storage_trigger(settings.input.files) if storage else gather_trigger(settings.input.files),
             digest=output_digest(settings),
             job_settings=job_settings,
             evaluate=evaluate,

@@ -62,6 +62,13 @@ def gather_trigger(paths: tuple[str, ...]) -> dict:
     return {"parts": len(paths), "ctime_inode": _stats_digest(paths, ("st_ctime_ns", "st_ino"))}
 
 
+def storage_trigger(paths: tuple[str, ...]) -> dict:
+    """The parts' names alone, for an input in a storage provider's bucket (no shared filesystem),
+    which the Snakefile cannot stat: a part added, removed or renamed replans; a newer object replans
+    by Snakemake's own mtime check (an upload's time is always new), and gather proves the content."""
+    return {"parts": len(paths), "names": hashlib.sha256(json.dumps(list(paths)).encode()).hexdigest()[:16]}
+
+
 def _hash_file(path: str, stop: threading.Event | None = None) -> str | None:
     """SHA-256 over the file's bytes, read in 4 MiB chunks into one reused buffer; None when `stop`
     was set before the end."""

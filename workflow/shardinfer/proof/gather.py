@@ -163,17 +163,24 @@ def refuse_stray_folders(files_folders: list[str]) -> None:
 
 
 def prove(plan: Plan, shard_paths: list[str], inp: InputSettings, digest: str,
-          files_folders: list[str] | None = None) -> list[ShardFile]:
+          files_folders: list[str] | None = None, local_parts: list[str] | None = None) -> list[ShardFile]:
     """Every proof that must hold before anything is written; returns the proven shards in order.
-    `files_folders`: each shard's expected files folder, when the task may write files."""
-    plan.check_input_unchanged()
+    `files_folders`: each shard's expected files folder, when the task may write files. `local_parts`:
+    the job's storage copies of the parts, in the input's order (no shared filesystem), proven by
+    their content alone: a copy's path and mtime are not the original's."""
+    if local_parts is None:
+        plan.check_input_unchanged()
+    elif len(local_parts) != len(plan.parts):
+        raise ProofError(f"gather got {len(local_parts)} input parts but the plan has {len(plan.parts)}")
+    else:
+        log.info("proving the input by its content: %d part(s) downloaded from storage", len(local_parts))
     if len(shard_paths) != plan.shards:
         raise ProofError(f"gather got {len(shard_paths)} shard files but the plan has {plan.shards} shards")
     folders = list(files_folders or [None] * plan.shards)
     if len(folders) != plan.shards:
         raise ProofError(f"gather got {len(folders)} files folders but the plan has {plan.shards} shards")
-    for part in plan.parts:
-        check_part(plan, part, inp)
+    for part, path in zip(plan.parts, local_parts or [part.path for part in plan.parts]):
+        check_part(plan, part, inp, path)
     shards = [prove_shard(plan, i, path, digest, folder) for i, (path, folder) in enumerate(zip(shard_paths, folders))]
     refuse_stray_files(shard_paths)
     if files_folders:
@@ -189,15 +196,18 @@ def prove(plan: Plan, shard_paths: list[str], inp: InputSettings, digest: str,
     return shards
 
 
-def check_part(plan: Plan, part: Part, inp: InputSettings) -> None:
+def check_part(plan: Plan, part: Part, inp: InputSettings, path: str | None = None) -> None:
     """Read a part once, counting its rows with its content digest alongside (a second thread):
     refuse one whose bytes are not those planned, though its size and mtime are (an edit with the
     mtime put back, or a same-sized file copied over with `cp -p`), or that holds other rows; and
     one whose staged copy, which its shards read, is not the one the plan wrote."""
-    with digest_alongside(part.path) as content:
-        rows = count_rows(one_file(inp, part.path), plan.fields)
+    copy = path not in (None, part.path)  # read where this job finds its storage copy
+    path = path or part.path
+    with digest_alongside(path) as content:
+        rows = count_rows(one_file(inp, path), plan.fields)
     if content.result() != part.digest:
-        raise ProofError(f"input `{part.path}` changed since planning: same size and mtime, other content "
+        same = "" if copy else "same size and mtime, "
+        raise ProofError(f"input `{part.path}` changed since planning: {same}other content "
                          f"({part.digest} -> {content.result()}); rerun the plan (snakemake --forcerun plan)")
     if rows != part.rows:
         raise ProofError(f"input `{part.path}` now has {rows} rows, the plan {part.rows}; rerun the plan")
@@ -343,13 +353,13 @@ def refuse_no_columns(plan: Plan, task: str | None) -> None:
 
 def run_gather(plan_path: str, shard_paths: list[str], inp: InputSettings, model: dict, digest: str,
                predictions: str, summary: str, files_folders: list[str] | None = None,
-               evaluate: EvaluateSettings | None = None) -> dict:
+               evaluate: EvaluateSettings | None = None, local_parts: list[str] | None = None) -> dict:
     """The gather rule: prove, then write predictions and summary (both atomically), the summary with
     the table's scores against `evaluate.label_column` when set. `files_folders`: each shard's files
-    folder (results/files/<shard>) when the task may write files."""
+    folder (results/files/<shard>) when the task may write files; `local_parts`: see `prove`."""
     plan = read_plan(plan_path)
     refuse_no_columns(plan, model.get("task"))
-    shards = prove(plan, shard_paths, inp, digest, files_folders)
+    shards = prove(plan, shard_paths, inp, digest, files_folders, local_parts)
     if not plan.rows:
         log.warning("WARNING input `%s` has no rows: the table has its columns and no row", plan.input_path)
     log.info("proof holds: %d shards, %d rows, index 0..%d in order, input unchanged", plan.shards, plan.rows, plan.rows - 1)

@@ -63,6 +63,7 @@ class ShardJob:
     tokens: str | None = None  # the tokenize rule's file for this shard, when tokenizing ahead
     tokenizer_key: str | None = None
     files: str | None = None  # the shard's folder of per-row files (results/files/<shard>), when the task may write any
+    cut: str | None = None  # the shard's cut, read instead of the input without a shared filesystem (input.shard_cuts)
 
 
 @dataclass(frozen=True)
@@ -389,8 +390,7 @@ def leave_for_rerun(job: ShardJob) -> int | None:
 
 def compute_shard(job: ShardJob) -> dict:
     began = time.time()
-    plan = read_plan(job.plan_path)
-    plan.check_input_unchanged()
+    plan = read_plan(job.plan_path).for_shard(job.shard, job.cut)
     start, end = plan.ranges[job.shard]
     log.info("shard %d of %d: rows [%d, %d) of %s", job.shard, plan.shards, start, end, plan.input_path)
     if start == end:

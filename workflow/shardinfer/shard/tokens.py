@@ -113,6 +113,7 @@ class TokenizeJob:
     output: str
     tokenizer_key: str
     threads: int = 1
+    cut: str | None = None  # the shard's cut, read instead of the input without a shared filesystem (input.shard_cuts)
 
 
 def run_tokenize(job: TokenizeJob) -> int:
@@ -123,8 +124,7 @@ def run_tokenize(job: TokenizeJob) -> int:
 
     hide_sklearn_from_transformers()
 
-    plan = read_plan(job.plan_path)
-    plan.check_input_unchanged()
+    plan = read_plan(job.plan_path).for_shard(job.shard, job.cut)
     settings = job.settings
     os.environ.setdefault("RAYON_NUM_THREADS", str(job.threads))  # the fast tokenizer's thread pool
     encoder = task_class(settings.model.task).encoder_for(load_tokenizer(settings.model), settings)  # as the shard job's
