@@ -12,6 +12,10 @@ the Parquet file, as the plan rule does: `shardinfer.input.staging`) and reads e
 does (`parts.iter_pieces` with the plan's spans, from the staged copy), in this process, counting
 what it reads; a staged file is also read in place by all shards, as it would be without its copy.
 
+Bytes downloaded: without a shared filesystem a shard job downloads the plan file and its own cut of
+the input, which the plan writes (`shardinfer.input.shard_cuts`); for each format the script plans
+the same file so, and prints each shard job's bytes and all of them together against the input.
+
 Overhead is everything that is not shard work: wall time minus the shard jobs' summed time
 (Snakemake's `benchmark:` of each infer job, start-up and model load included) divided by the
 jobs that run at once (--cores 2, one thread per shard job). It holds plan, gather, the report
@@ -338,8 +342,35 @@ def report_reads(folder: Path, gigabytes: float, shards: int) -> None:
             line += (f"; the last shard alone from the start, without its span: {f['unspanned_bytes'] / size:.2f}x "
                      f"in {f['unspanned_s']:.1f} s")
         print(line, flush=True)
+    report_downloads(paths, shards)
     for path in paths.values():
         path.unlink()
+
+
+def report_downloads(paths: dict[str, Path], shards: int) -> None:
+    """Without a shared filesystem, what each shard job downloads: the plan file and its own cut
+    (`shardinfer.input.shard_cuts`), which the plan job writes as the plan rule does there."""
+    import shutil
+
+    from shardinfer.plan import make_plan, write_plan
+
+    print(f"bytes downloaded per shard job without a shared filesystem ({shards} shards: plan.json + its cut; "
+          "x = all shard jobs together, times the input's size):")
+    for fmt, path in paths.items():
+        folder = path.parent / f"cuts-{path.name}"
+        folder.mkdir(exist_ok=True)
+        settings = factory.input_settings(path, keep_columns=("id",))
+        started = time.perf_counter()
+        plan = make_plan(settings, shards, 512).write_cuts(settings, [str(folder / f"{k}.parquet")
+                                                                      for k in range(shards)])
+        seconds = time.perf_counter() - started
+        write_plan(plan, str(folder / "plan.json"))
+        plan_bytes, cuts = (folder / "plan.json").stat().st_size, sorted(cut.size for cut in plan.cuts)
+        size = path.stat().st_size
+        print(f"  {fmt:9} {size / 1e9:.2f} GB: per shard job {plan_bytes / 1e3:.0f} kB of plan + a cut of "
+              f"{cuts[0] / 1e6:.1f}..{cuts[-1] / 1e6:.1f} MB (median {cuts[len(cuts) // 2] / 1e6:.1f}); all "
+              f"{(shards * plan_bytes + sum(cuts)) / size:.2f}x; plan with cuts {seconds:.1f} s", flush=True)
+        shutil.rmtree(folder)
 
 
 def benchmark_of(path: Path) -> dict:

@@ -103,6 +103,39 @@ class Case:
     shards: int
 
 
+@pytest.fixture(scope="module")
+def bucket_profile(profile, s3, tmp_path_factory) -> Path:
+    """The Slurm profile with profiles/s3's keys copied in, as its comment says: no shared filesystem,
+    the bucket of the test's S3 server, and each job's downloads in its own node-local folder."""
+    config = yaml.safe_load((profile / "config.yaml").read_text())
+    config.update(yaml.safe_load((REPO / "profiles" / "s3" / "config.yaml").read_text()))
+    scratch = tmp_path_factory.mktemp("node-scratch")
+    # The endpoint goes in the environment (bucket_env): the Slurm plugin hands a storage setting that
+    # has an environment variable to its jobs only that way (not on their command line).
+    config.update({"default-storage-prefix": s3.url("slurm"), "remote-job-local-storage-prefix": f"{scratch}/$SLURM_JOB_ID"})
+    folder = tmp_path_factory.mktemp("bucket-profile")
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    return folder
+
+
+def make_bucket_case(models, s3, workdir: Path, rows: int, shards: int, seed: int) -> Case:
+    """A case whose input is only in the bucket, under the prefix `bucket_profile` gives."""
+    frame = input_frame(rows, seed=seed)
+    upload = write_input(frame, workdir.parent / f"{workdir.name}-upload" / "input.parquet")
+    s3.put("slurm/data/input.parquet", upload.read_bytes())
+    (workdir / "config").mkdir(parents=True, exist_ok=True)
+    config = workflow_config("data/input.parquet", models.classifier, shards=shards)
+    (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config))
+    return Case(workdir, frame, shards)
+
+
+def bucket_env(s3) -> dict:
+    """The submitting shell's environment, which sbatch hands on: the bucket's keys and endpoint, and the
+    venv first on PATH (a job's `python` is the node's own when no software is shared)."""
+    return {**os.environ, **s3.env(), "SNAKEMAKE_STORAGE_S3_ENDPOINT_URL": s3.endpoint,
+            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+
+
 def make_case(models, workdir: Path, rows: int, shards: int, seed: int, auto: bool = False) -> Case:
     """`auto`: the config says `shards: auto`, which the profile's `jobs: 2` resolves to `shards`."""
     frame = input_frame(rows, seed=seed)
@@ -117,12 +150,13 @@ class Run:
     """`snakemake -s <repo>/Snakefile --profile <profile>` in the case's folder, as a user runs it;
     its terminal output goes to a file beside it, readable while it runs."""
 
-    def __init__(self, case: Case, profile: Path, *args: str):
+    def __init__(self, case: Case, profile: Path, *args: str, env: dict | None = None):
         runs = sorted(case.workdir.glob("snakemake-*.out"))
         self.out = case.workdir / f"snakemake-{len(runs)}.out"
         command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--profile", str(profile), *args]
         with self.out.open("w") as handle:
-            self.process = subprocess.Popen(command, cwd=case.workdir, stdout=handle, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(command, cwd=case.workdir, stdout=handle, stderr=subprocess.STDOUT,
+                                            env=env)
 
     def output(self) -> str:
         return self.out.read_text()
@@ -246,7 +280,7 @@ class Scenario:
 
 
 @pytest.fixture(scope="module")
-def scenarios(slurm, profile, models, tmp_path_factory) -> dict[str, Scenario]:
+def scenarios(slurm, profile, bucket_profile, s3, models, tmp_path_factory) -> dict[str, Scenario]:
     """The first run of each test below, all started at once: their jobs share the node's 2 CPUs
     (Slurm queues what does not fit) and their waits between status checks overlap, so the module
     takes about half as long as running them one after another. Each test waits for its own."""
@@ -265,6 +299,8 @@ def scenarios(slurm, profile, models, tmp_path_factory) -> dict[str, Scenario]:
         "retry": start("retry", rows=30, shards=2, seed=12, args=("--retries", "1"), fault=kill_shard_step),
         "jobs": start("jobs", rows=40, shards=2, seed=11, auto=True),
     }
+    case = make_bucket_case(models, s3, tmp_path_factory.mktemp("bucket"), rows=40, shards=2, seed=14)
+    started["bucket"] = Scenario(case, Run(case, bucket_profile, env=bucket_env(s3)), None)
     yield started
     for scenario in started.values():  # a test that failed early may leave its run going
         if scenario.run.process.poll() is None:
@@ -364,3 +400,26 @@ def test_a_shard_killed_mid_run_is_resubmitted_by_retries(scenarios, models):
     assert again["State"] == "COMPLETED" and "gres/gpu=1" in again["AllocTRES"], again
     assert [job["State"] for job in jobs_of(jobs, "infer", 0)] == ["COMPLETED"]
     assert [job["State"] for job in jobs_of(jobs, "gather")] == ["COMPLETED"]
+
+
+def test_without_a_shared_filesystem_each_slurm_job_downloads_into_its_own_node_folder(scenarios, models, s3,
+                                                                                       bucket_profile):
+    """profiles/slurm with profiles/s3's keys (`shared-fs-usage: none`), the input only in the bucket:
+    every job downloads its inputs into its own node-local folder ($SLURM_JOB_ID in the prefix),
+    nothing is written beside the config, and the table in the bucket is the model's own."""
+    case = scenarios["bucket"].case
+    status, output, run_id = scenarios["bucket"].run.wait()
+    assert status == 0, output[-6000:]
+    got = s3.read_parquet("slurm/results/predictions.parquet")
+    label_ids, probs = reference.classify(models.classifier, case.frame["text"].tolist(), max_length=32)
+    assert got["index"].tolist() == list(range(len(case.frame)))
+    assert got["id"].tolist() == case.frame["id"].tolist()
+    assert got["label_id"].tolist() == label_ids.tolist()
+    np.testing.assert_allclose(np.stack(got["probs"]), probs, atol=ATOL)
+
+    jobs = sacct(run_id)
+    assert len(jobs) == 1 + case.shards + 1 and all(job["State"] == "COMPLETED" for job in jobs), jobs
+    scratch = Path(yaml.safe_load((bucket_profile / "config.yaml").read_text())["remote-job-local-storage-prefix"])
+    used = {folder.name for folder in scratch.parent.iterdir()}
+    assert used == {job["JobID"] for job in jobs}, (used, jobs)
+    assert not (case.workdir / "data").exists() and not (case.workdir / "results").exists()

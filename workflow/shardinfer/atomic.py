@@ -74,18 +74,18 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 
 @contextmanager
-def atomic_parquet_writer(path: str | Path, schema: pa.Schema,
-                          before_commit: Callable[[], None] | None = None) -> Iterator[pq.ParquetWriter]:
+def atomic_parquet_writer(path: str | Path, schema: pa.Schema, before_commit: Callable[[], None] | None = None,
+                          **options) -> Iterator[pq.ParquetWriter]:
     """A ParquetWriter whose file only takes its final name once closed without error.
 
-    `before_commit` runs after the file is closed (its footer written) and just before it takes its
+    `options`: ParquetWriter's own (compression, ...). `before_commit` runs after the file is closed (its footer written) and just before it takes its
     name: what must appear with the file (a shard's files folder) is renamed there, never earlier.
 
     Every page carries a CRC32 checksum, so a reader that asks for verification
     (`page_checksum_verification=True`) refuses a file damaged on disk instead of reading wrong values.
     """
     with atomic_path(path) as tmp:
-        writer = pq.ParquetWriter(tmp, schema, write_page_checksum=True)
+        writer = pq.ParquetWriter(tmp, schema, write_page_checksum=True, **options)
         try:
             yield writer
         finally:

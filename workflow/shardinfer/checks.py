@@ -119,7 +119,8 @@ def check_settings(settings: Settings, storage: bool = False) -> None:
     check_keep_columns(inp, (INDEX_COLUMN, *output_columns(model.task)))
     format_named(inp.format).check_settings(inp)
     check_evaluate(settings)
-    check_shard_count(inp, settings.shards)
+    if not storage:  # reads the input's row count, which only the plan job sees in storage
+        check_shard_count(inp, settings.shards)
     engine_class(settings).check_settings(settings)  # the task's own checks (`Task.check_settings`)
 
 

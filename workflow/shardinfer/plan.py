@@ -34,7 +34,7 @@ from shardinfer.errors import UserError
 from shardinfer.input.formats import format_named
 from shardinfer.input.parts import Part, PartsScan, Piece, check_same_parts, iter_pieces, one_file, scan_parts
 from shardinfer.input.formats.base import Span
-from shardinfer.input.shard_cuts import Cut, cut_part, cut_pieces, read_as_cut, write_cut
+from shardinfer.input.shard_cuts import Cut, cut_part, cut_pieces, read_as_cut, whole_parts, write_cuts
 from shardinfer.input.staging import stage_part, staged_name, wants_staging
 
 log = logging.getLogger(__name__)
@@ -158,9 +158,8 @@ class Plan:
         """Write each shard's rows to its cut (`paths`, in shard order); the plan recording them."""
         if len(paths) != self.shards:
             raise UserError(f"the plan rule got {len(paths)} cut paths for {self.shards} shards; rerun the plan")
-        schema = self.no_rows(inp).schema
-        cuts = tuple(write_cut(self.shard_rows(inp, shard), schema, path) for shard, path in enumerate(paths))
-        return dataclasses.replace(self, cuts=cuts)
+        rows = iter_pieces(inp, whole_parts(self.pieces), self.fields)
+        return dataclasses.replace(self, cuts=write_cuts(rows, self.ranges, self.no_rows(inp).schema, paths))
 
     def check_input_unchanged(self) -> None:
         """Refuse to use a plan whose input has changed since planning: a part added, removed or

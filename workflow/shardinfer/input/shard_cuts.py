@@ -55,15 +55,42 @@ class Cut:
                             "rerun the plan (snakemake --forcerun plan)")
 
 
-def write_cut(batches: Iterator[tuple[int, pa.RecordBatch]], schema: pa.Schema, path: str) -> Cut:
-    """A shard's rows (`batches`, in the plan's types; `schema`: theirs, for a shard without rows too)
-    as the Parquet file `path`, written atomically with page checksums."""
-    rows = 0
-    with atomic_parquet_writer(path, schema) as writer:
-        for _, table in windows(batches, CUT_ROW_GROUP):
-            writer.write_table(table.cast(schema))
-            rows += table.num_rows
-    return Cut(rows=rows, size=Path(path).stat().st_size, digest=file_digest(path))
+def whole_parts(pieces: tuple[tuple[Piece, ...], ...]) -> tuple[Piece, ...]:
+    """Every shard's pieces as one piece per part, from its first planned row to its last: the input
+    read once, in order (a compressed part cannot seek, so reading it shard by shard would decompress
+    it from its start for each)."""
+    merged: dict[str, Piece] = {}
+    for piece in (piece for shard in pieces for piece in shard):
+        first = merged.get(piece.part.path)
+        if first is None:
+            merged[piece.part.path] = piece
+        else:
+            span = first.span and dataclasses.replace(first.span, stop=piece.span.stop)
+            merged[piece.part.path] = dataclasses.replace(first, end=piece.end, span=span)
+    return tuple(merged.values())
+
+
+def write_cuts(batches: Iterator[tuple[int, pa.RecordBatch]], ranges: tuple[tuple[int, int], ...],
+               schema: pa.Schema, paths: list[str]) -> tuple[Cut, ...]:
+    """Split the input's rows (`batches`: (first row, batch) in row order, in the plan's types) at the
+    shards' `ranges` into their cuts (`paths`), each a Parquet file written atomically, with page
+    checksums and zstd, in row groups of CUT_ROW_GROUP rows; a shard without rows gets one without."""
+    tables = windows(batches, CUT_ROW_GROUP)
+    pending, cuts = next(tables, None), []
+    for (start, end), path in zip(ranges, paths):
+        rows = 0
+        with atomic_parquet_writer(path, schema, compression="zstd") as writer:
+            while pending is not None and pending[0] < end:
+                first, table = pending
+                take = min(table.num_rows, end - first)
+                writer.write_table(table.slice(0, take).cast(schema))
+                rows += take
+                rest = table.slice(take)
+                pending = (first + take, rest) if rest.num_rows else next(tables, None)
+        if rows != end - start:
+            raise UserError(f"the plan's cut of shard rows [{start}, {end}) got {rows} rows; rerun the plan")
+        cuts.append(Cut(rows=rows, size=Path(path).stat().st_size, digest=file_digest(path)))
+    return tuple(cuts)
 
 
 def cut_part(cut: Cut, path: str, first_row: int) -> Part:
