@@ -1,6 +1,7 @@
-"""The Slurm profile against a real Slurm: every shard is its own `sbatch` job on its own GPU, a
-shard killed mid-run is resubmitted by `--retries`, and a cancelled shard is finished by rerunning
-the same command; each time the table is checked row by row.
+"""The Slurm profile against a real Slurm: every shard is its own `sbatch` job on its own GPU (that
+run without a shared filesystem: profiles/s3's keys, the input only in the bucket of the S3 server
+the `s3` fixture starts), a shard killed mid-run is resubmitted by `--retries`, and a cancelled
+shard is finished by rerunning the same command; each time the table is checked row by row.
 
 The module's fixture starts a single-node Slurm with tests/slurm/start-slurm (Debian packages,
 installed when missing; 4 fake GPUs) and stops it at the end if it started it. Without root or
@@ -119,12 +120,13 @@ def bucket_profile(profile, s3, tmp_path_factory) -> Path:
 
 
 def make_bucket_case(models, s3, workdir: Path, rows: int, shards: int, seed: int) -> Case:
-    """A case whose input is only in the bucket, under the prefix `bucket_profile` gives."""
+    """A case whose input is only in the bucket, under the prefix `bucket_profile` gives; its config
+    says `shards: auto`, which the profile's `jobs: 2` resolves to `shards`."""
     frame = input_frame(rows, seed=seed)
     upload = write_input(frame, workdir.parent / f"{workdir.name}-upload" / "input.parquet")
     s3.put("slurm/data/input.parquet", upload.read_bytes())
     (workdir / "config").mkdir(parents=True, exist_ok=True)
-    config = workflow_config("data/input.parquet", models.classifier, shards=shards)
+    config = workflow_config("data/input.parquet", models.classifier, shards="auto")
     (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config))
     return Case(workdir, frame, shards)
 
@@ -136,12 +138,11 @@ def bucket_env(s3) -> dict:
             "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
 
 
-def make_case(models, workdir: Path, rows: int, shards: int, seed: int, auto: bool = False) -> Case:
-    """`auto`: the config says `shards: auto`, which the profile's `jobs: 2` resolves to `shards`."""
+def make_case(models, workdir: Path, rows: int, shards: int, seed: int) -> Case:
     frame = input_frame(rows, seed=seed)
     path = write_input(frame, workdir / "data" / "input.parquet")
     (workdir / "config").mkdir(parents=True, exist_ok=True)
-    config = workflow_config(path, models.classifier, shards="auto" if auto else shards)
+    config = workflow_config(path, models.classifier, shards=shards)
     (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config))
     return Case(workdir, frame, shards)
 
@@ -240,9 +241,10 @@ class ShardWatcher(threading.Thread):
         self.error = f"shard {self.shard}'s job never ran"
 
 
-def assert_table_is_right(case: Case, models):
-    """Row i of the final table is input row i with the model's own prediction, computed locally."""
-    got = read_predictions(case.workdir)
+def assert_table_is_right(case: Case, models, got: pd.DataFrame | None = None):
+    """Row i of the final table (`got`: the case's results/predictions.parquet) is input row i with the
+    model's own prediction, computed locally."""
+    got = read_predictions(case.workdir) if got is None else got
     label_ids, probs = reference.classify(models.classifier, case.frame["text"].tolist(), max_length=32)
     rows = len(case.frame)
     assert list(got.columns) == ["index", "id", "gold", "label", "label_id", "probs"]
@@ -254,9 +256,8 @@ def assert_table_is_right(case: Case, models):
     np.testing.assert_allclose(np.stack(got["probs"]), probs, atol=ATOL)
 
 
-def scheduler_device(case: Case, shard: int) -> str:
+def scheduler_device(log: str, shard: int) -> str:
     """The device the shard's log says the scheduler gave it."""
-    log = (case.workdir / "logs" / "infer" / f"{shard}.log").read_text()
     found = re.search(r"device: CUDA_VISIBLE_DEVICES=(\S*), given by the scheduler", log)
     assert found, f"shard {shard} did not take the scheduler's device:\n{log}"
     return found.group(1)
@@ -285,8 +286,8 @@ def scenarios(slurm, profile, bucket_profile, s3, models, tmp_path_factory) -> d
     (Slurm queues what does not fit) and their waits between status checks overlap, so the module
     takes about half as long as running them one after another. Each test waits for its own."""
 
-    def start(name: str, rows: int, shards: int, seed: int, args=(), fault=None, auto=False) -> Scenario:
-        case = make_case(models, tmp_path_factory.mktemp(name), rows=rows, shards=shards, seed=seed, auto=auto)
+    def start(name: str, rows: int, shards: int, seed: int, args=(), fault=None) -> Scenario:
+        case = make_case(models, tmp_path_factory.mktemp(name), rows=rows, shards=shards, seed=seed)
         watcher = ShardWatcher(case.workdir, shard=1, action=fault) if fault else None
         scenario = Scenario(case, Run(case, profile, *args), watcher)
         if watcher:
@@ -297,10 +298,10 @@ def scenarios(slurm, profile, bucket_profile, s3, models, tmp_path_factory) -> d
     started = {
         "cancel": start("cancel", rows=30, shards=2, seed=13, fault=cancel_job),
         "retry": start("retry", rows=30, shards=2, seed=12, args=("--retries", "1"), fault=kill_shard_step),
-        "jobs": start("jobs", rows=40, shards=2, seed=11, auto=True),
     }
-    case = make_bucket_case(models, s3, tmp_path_factory.mktemp("bucket"), rows=40, shards=2, seed=14)
-    started["bucket"] = Scenario(case, Run(case, bucket_profile, env=bucket_env(s3)), None)
+    # Without a shared filesystem: profiles/s3's keys, the input only in the bucket.
+    case = make_bucket_case(models, s3, tmp_path_factory.mktemp("jobs"), rows=40, shards=2, seed=11)
+    started["jobs"] = Scenario(case, Run(case, bucket_profile, env=bucket_env(s3)), None)
     yield started
     for scenario in started.values():  # a test that failed early may leave its run going
         if scenario.run.process.poll() is None:
@@ -344,24 +345,32 @@ def test_a_cancelled_shard_is_finished_by_rerunning_the_same_command(scenarios, 
     assert all(job["State"] == "COMPLETED" for job in second_jobs), second_jobs
 
 
-def test_every_shard_is_its_own_slurm_job_on_its_own_gpu(scenarios, models):
-    """With `shards: auto`: the count the submitting process resolved (`--jobs 2`), which each job
-    takes over when it parses the Snakefile again on its node (where it would resolve 1: one GPU)."""
+def test_every_shard_is_its_own_slurm_job_on_its_own_gpu_without_a_shared_filesystem(scenarios, models, s3,
+                                                                                   bucket_profile):
+    """profiles/slurm with profiles/s3's keys (`shared-fs-usage: none`) and the input only in the
+    bucket: every job downloads its inputs into its own node-local folder ($SLURM_JOB_ID in the
+    prefix), nothing is written beside the config, and the table in the bucket is the model's own.
+    With `shards: auto`: the count the submitting process resolved (`--jobs 2`), which each job takes
+    over when it parses the Snakefile again on its node (where it would resolve 1: one GPU)."""
     case = scenarios["jobs"].case
     status, output, run_id = scenarios["jobs"].run.wait()
     assert status == 0, output[-6000:]
     assert "shardinfer: shards: auto -> 2 (--jobs 2 on a cluster executor)" in output, output[-6000:]
-    assert_table_is_right(case, models)
+    assert_table_is_right(case, models, s3.read_parquet("slurm/results/predictions.parquet"))
+    assert not (case.workdir / "data").exists() and not (case.workdir / "results").exists()
 
     jobs = sacct(run_id)
     assert len(jobs) == 1 + case.shards + 1, jobs  # plan, one per shard, gather
     for job in jobs:
         assert job["State"] == "COMPLETED" and Path(job["WorkDir"]).resolve() == case.workdir.resolve(), job
+    scratch = Path(yaml.safe_load((bucket_profile / "config.yaml").read_text())["remote-job-local-storage-prefix"])
+    assert {folder.name for folder in scratch.parent.iterdir()} == {job["JobID"] for job in jobs}
+    logs = {shard: s3.get(f"slurm/logs/infer/{shard}.log").decode() for shard in range(case.shards)}
     for shard in range(case.shards):
         [job] = jobs_of(jobs, "infer", shard)
         assert "gres/gpu=1" in job["AllocTRES"], job
         assert (case.workdir / ".snakemake" / "slurm_logs" / "rule_infer" / str(shard) / f"{job['JobID']}.log").exists()
-        assert scheduler_device(case, shard) in {"0", "1", "2", "3"}
+        assert scheduler_device(logs[shard], shard) in {"0", "1", "2", "3"}
     for rule in ("plan", "gather"):
         [job] = jobs_of(jobs, rule)
         assert "gres/gpu" not in job["AllocTRES"], job
@@ -371,7 +380,7 @@ def test_every_shard_is_its_own_slurm_job_on_its_own_gpu(scenarios, models):
     for a in range(case.shards):
         for b in range(a + 1, case.shards):
             if times[a][0] < times[b][1] and times[b][0] < times[a][1]:
-                assert scheduler_device(case, a) != scheduler_device(case, b), (a, b, times)
+                assert scheduler_device(logs[a], a) != scheduler_device(logs[b], b), (a, b, times)
 
 
 def run_interval(jobid: str) -> tuple[str, str]:
@@ -401,25 +410,3 @@ def test_a_shard_killed_mid_run_is_resubmitted_by_retries(scenarios, models):
     assert [job["State"] for job in jobs_of(jobs, "infer", 0)] == ["COMPLETED"]
     assert [job["State"] for job in jobs_of(jobs, "gather")] == ["COMPLETED"]
 
-
-def test_without_a_shared_filesystem_each_slurm_job_downloads_into_its_own_node_folder(scenarios, models, s3,
-                                                                                       bucket_profile):
-    """profiles/slurm with profiles/s3's keys (`shared-fs-usage: none`), the input only in the bucket:
-    every job downloads its inputs into its own node-local folder ($SLURM_JOB_ID in the prefix),
-    nothing is written beside the config, and the table in the bucket is the model's own."""
-    case = scenarios["bucket"].case
-    status, output, run_id = scenarios["bucket"].run.wait()
-    assert status == 0, output[-6000:]
-    got = s3.read_parquet("slurm/results/predictions.parquet")
-    label_ids, probs = reference.classify(models.classifier, case.frame["text"].tolist(), max_length=32)
-    assert got["index"].tolist() == list(range(len(case.frame)))
-    assert got["id"].tolist() == case.frame["id"].tolist()
-    assert got["label_id"].tolist() == label_ids.tolist()
-    np.testing.assert_allclose(np.stack(got["probs"]), probs, atol=ATOL)
-
-    jobs = sacct(run_id)
-    assert len(jobs) == 1 + case.shards + 1 and all(job["State"] == "COMPLETED" for job in jobs), jobs
-    scratch = Path(yaml.safe_load((bucket_profile / "config.yaml").read_text())["remote-job-local-storage-prefix"])
-    used = {folder.name for folder in scratch.parent.iterdir()}
-    assert used == {job["JobID"] for job in jobs}, (used, jobs)
-    assert not (case.workdir / "data").exists() and not (case.workdir / "results").exists()

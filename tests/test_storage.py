@@ -225,3 +225,20 @@ def test_the_kubernetes_profile_gives_each_shard_pod_a_gpu_limit(s3, models, tmp
     assert container["resources"]["limits"]["memory"] == f"{resources['mem_mb']}M"
     tolerations = kubernetes_pod(resources)["spec"]["template"]["spec"]["tolerations"]
     assert {"key": "nvidia.com/gpu", "effect": "NoSchedule"}.items() <= tolerations[0].items()
+
+
+@pytest.mark.parametrize("change, refused", [
+    ({"input": {"path": "data/parts/"}}, "input.path `data/parts/` is a glob or folder"),
+    ({"model": {"task": "custom"}}, "task custom may write files per row into a folder per shard"),
+    ({"inputs": {"val": {"path": "v.csv", "shards": 2}, "test": {"path": "t.csv"}}},
+     "inputs have different `shards`"),
+])
+def test_what_a_bucket_cannot_hold_is_refused_when_the_snakefile_loads(change, refused):
+    from shardinfer.checks import check_storage_inputs
+    from shardinfer.errors import UserError
+
+    config = {"input": {"path": "data/input.parquet"}, "model": {"task": "classify"}, "shards": 4}
+    if "inputs" in change:
+        del config["input"]
+    with pytest.raises(UserError, match=re.escape(refused)):
+        check_storage_inputs({**config, **{key: {**config.get(key, {}), **value} for key, value in change.items()}})

@@ -38,7 +38,7 @@ def package_root() -> str:
 
 sys.path.insert(0, package_root())
 
-from shardinfer.auto_shards import resolve_auto_shards, uses_auto
+from shardinfer.auto_shards import RESOLVED_VAR, resolve_auto_shards, uses_auto
 from shardinfer.checks import (
     check_input_keys,
     check_inputs,
@@ -70,6 +70,9 @@ def resolve_auto(config):
     if not uses_auto(config):
         return None
     resolved = resolve_auto_shards(workflow, GPU_JOB_THREADS)
+    # Declared, so that executors without a shared environment (Kubernetes: a secret per run) hand
+    # the main process's count to every job; a job that lacks it stops instead of planning another.
+    workflow.register_envvars(RESOLVED_VAR)
     if workflow.is_main_process:
         logger.info(f"shardinfer: shards: auto -> {resolved.count} ({resolved.reason})")
     return resolved
@@ -182,30 +185,6 @@ GATHERED = {
 }
 
 
-def remove_outdated_from_storage():
-    """Without a shared filesystem, the plan and shard jobs cannot remove the table they outdate
-    (`outdated_outputs`: they see no bucket). So this process does, before any job runs, for each
-    input whose plan, tokenize or shard jobs this run is about to rerun: a run that fails after it
-    never leaves the previous table in the bucket as if it were current.
-    """
-    if not STORAGE:
-        return
-    rerun = {
-        job.wildcards.get("name")
-        for job in workflow.dag.needrun_jobs()
-        if job.rule.name in ("plan", "tokenize", "infer")
-    }
-    provider = workflow.storage_registry.default_storage_provider
-    for name in sorted(rerun, key=str):
-        for path in outdated_outputs({"name": name}):
-            stored = provider.object(stored_at(path))
-            if workflow.async_run(stored.managed_exists()):
-                logger.info(
-                    f"shardinfer: removed {stored_at(path)}, outdated by this run"
-                )
-                workflow.async_run(stored.managed_remove())
-
-
 def outdated_outputs(wildcards):
     """The gather outputs of the job's input, which a plan or shard job removes before its work: a
     run that fails after it never leaves the previous run's table as if it were current.
@@ -301,58 +280,13 @@ def files_folders(wildcards):
 STARTED = time.time()  # when this Snakemake run loaded the workflow
 
 
-def stored_at(path):
-    """Where a result lies: `path` itself, or without a shared filesystem its object in storage
-    (the default storage prefix before it, as Snakemake maps every input and output)."""
-    prefix = (workflow.storage_settings.default_storage_prefix or "") if STORAGE else ""
-    return f"{prefix.rstrip('/')}/{path}" if prefix else path
-
-
-def written_in_this_run(path):
-    """Where this process reads `path`, a file written since this run started: the file itself, or
-    without a shared filesystem its copy retrieved from storage; None when it is older or absent.
-    """
-    if not STORAGE:
-        fresh = os.path.isfile(path) and os.path.getmtime(path) >= STARTED
-        return path if fresh else None
-    stored = workflow.storage_registry.default_storage_provider.object(stored_at(path))
-    if not workflow.async_run(stored.managed_exists()):
-        return None
-    if workflow.async_run(stored.managed_mtime()) < STARTED:
-        return None
-    workflow.async_run(stored.managed_retrieve())
-    return str(stored.local_path())
-
-
-def print_failed_logs_from_storage(main_logs):
-    """Without a shared filesystem, the log of a failed job is uploaded to storage, where this process
-    does not look (show-failed-logs says "Logfile ... not found"): fetch each one that the run's
-    log (`main_logs`: Snakemake's log files of this run) names for a failed job and put it on the
-    terminal, so its one-line ERROR is seen.
-    """
-    if not STORAGE:
-        return
-    text = "".join(Path(path).read_text() for path in main_logs if os.path.isfile(path))
-    failed = re.findall(r"log: (\S+) \(send to storage\) \(check log file", text)
-    provider = workflow.storage_registry.default_storage_provider
-    for query in dict.fromkeys(failed):
-        stored = provider.object(query)
-        if not workflow.async_run(stored.managed_exists()):
-            continue
-        workflow.async_run(stored.managed_retrieve())
-        logger.error(
-            f"Log of the failed job, {query}:\n{stored.local_path().read_text()}"
-        )
-
-
 def print_run_summary(predictions, summary):
     """After a successful run, a few lines on the terminal for each input, from the summary gather
     wrote in this run; a summary from an earlier run (this run's target did not include that
     input's gather) is not shown. `predictions` and `summary`: the gather rule's patterns.
     """
-    if (
-        STORAGE
-    ):  # the rule's outputs name this process's local copies: the objects' own paths instead
+    if STORAGE:
+        # the rule's outputs name this process's local copies: the objects' own paths instead
         predictions, summary = GATHERED["predictions"], GATHERED["summary"]
     lines = []
     tables, summaries = every_input([predictions]), every_input([summary])

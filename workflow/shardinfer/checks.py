@@ -14,7 +14,7 @@ from shardinfer.input.discovery import GLOB_CHARACTERS, missing_input
 from shardinfer.input.formats import format_named
 from shardinfer.input.shard_bound import check_shard_count
 from shardinfer.proof.shard_file import INDEX_COLUMN
-from shardinfer.tasks import TASKS, engine_class, output_columns, task_class
+from shardinfer.tasks import TASKS, engine_class, may_write_files, output_columns, task_class
 
 INPUT_NAME = re.compile(r"[A-Za-z0-9_-]+")  # a name of `inputs`: a folder under results/ and logs/
 
@@ -89,6 +89,11 @@ def check_storage_inputs(config: dict) -> None:
         if any(c in path for c in GLOB_CHARACTERS) or path.endswith("/"):
             raise UserError(f"{key} `{path}` is a glob or folder; without a shared filesystem (a default storage "
                             "provider) give one file, in the bucket under the storage prefix")
+    task = config["model"]["task"]
+    if task in TASKS and may_write_files(task):
+        raise UserError(f"task {task} may write files per row into a folder per shard, which a bucket cannot hold "
+                        "while empty; without a shared filesystem run tasks that write no files (classify, embed, "
+                        "score, generate)")
     counts = {name: inp.get("shards", config["shards"]) for name, inp in inputs.items()}
     if len(set(map(str, counts.values()))) > 1:
         raise UserError(f"inputs have different `shards` ({counts}); without a shared filesystem give them one "

@@ -1,0 +1,81 @@
+# Without a shared filesystem (README, "Without a shared filesystem"): what the main Snakemake
+# process does in the bucket for its jobs, which see only their own declared files. `STORAGE` and the
+# rules' storage inputs and outputs are in common.smk; the Snakefile calls these from onstart,
+# onsuccess and onerror. Each does nothing on a shared filesystem.
+
+
+def stored_at(path):
+    """Where a result lies: `path` itself, or without a shared filesystem its object in storage
+    (the default storage prefix before it, as Snakemake maps every input and output)."""
+    prefix = (workflow.storage_settings.default_storage_prefix or "") if STORAGE else ""
+    return f"{prefix.rstrip('/')}/{path}" if prefix else path
+
+
+def written_in_this_run(path):
+    """Where this process reads `path`, a file written since this run started: the file itself, or
+    without a shared filesystem its copy retrieved from storage; None when it is older or absent.
+    """
+    if not STORAGE:
+        fresh = os.path.isfile(path) and os.path.getmtime(path) >= STARTED
+        return path if fresh else None
+    stored = workflow.storage_registry.default_storage_provider.object(stored_at(path))
+    if not workflow.async_run(stored.managed_exists()):
+        return None
+    if workflow.async_run(stored.managed_mtime()) < STARTED:
+        return None
+    workflow.async_run(stored.managed_retrieve())
+    return str(stored.local_path())
+
+
+def print_failed_logs_from_storage(main_logs):
+    """Without a shared filesystem, the log of a failed job is uploaded to storage, where this process
+    does not look (show-failed-logs says "Logfile ... not found"): fetch each one that the run's
+    log (`main_logs`: Snakemake's log files of this run) names for a failed job and put it on the
+    terminal, so its one-line ERROR is seen.
+    """
+    if not STORAGE:
+        return
+    text = "".join(Path(path).read_text() for path in main_logs if os.path.isfile(path))
+    lines = (
+        line
+        for line in text.splitlines()
+        if line.strip().startswith("log:") and "check log" in line
+    )
+    failed = [
+        query
+        for line in lines
+        for query in re.findall(r"(\S+) \(send to storage\)", line)
+    ]
+    provider = workflow.storage_registry.default_storage_provider
+    for query in dict.fromkeys(failed):
+        stored = provider.object(query)
+        if not workflow.async_run(stored.managed_exists()):
+            continue
+        workflow.async_run(stored.managed_retrieve())
+        logger.error(
+            f"Log of the failed job, {query}:\n{stored.local_path().read_text()}"
+        )
+
+
+def remove_outdated_from_storage():
+    """Without a shared filesystem, the plan and shard jobs cannot remove the table they outdate
+    (`outdated_outputs`: they see no bucket). So this process does, before any job runs, for each
+    input whose plan, tokenize or shard jobs this run is about to rerun: a run that fails after it
+    never leaves the previous table in the bucket as if it were current.
+    """
+    if not STORAGE:
+        return
+    rerun = {
+        job.wildcards.get("name")
+        for job in workflow.dag.needrun_jobs()
+        if job.rule.name in ("plan", "tokenize", "infer")
+    }
+    provider = workflow.storage_registry.default_storage_provider
+    for name in sorted(rerun, key=str):
+        for path in outdated_outputs({"name": name}):
+            stored = provider.object(stored_at(path))
+            if workflow.async_run(stored.managed_exists()):
+                logger.info(
+                    f"shardinfer: removed {stored_at(path)}, outdated by this run"
+                )
+                workflow.async_run(stored.managed_remove())
