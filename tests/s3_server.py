@@ -15,6 +15,13 @@ from pathlib import Path
 import pandas as pd
 
 SCRIPTS = Path(__file__).resolve().parent / "storage"
+# The S3 storage plugin and the Kubernetes executor plugin, beside the venv (tests/storage/install-plugins).
+PLUGINS = Path(sys.executable).parent.parent / "cloud-plugins"
+
+
+def with_plugins(env: dict) -> dict:
+    """`env` for a Snakemake process that finds the cloud plugins (PLUGINS on PYTHONPATH)."""
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGINS), env.get("PYTHONPATH")]))}
 
 
 @dataclass(frozen=True)
@@ -67,7 +74,10 @@ class S3Server:
 
 
 def start(folder: Path) -> S3Server:
-    """Start the server (tests/storage/start-s3); raises RuntimeError saying why it did not come up."""
+    """Start the server (tests/storage/start-s3); raises RuntimeError saying why it did not come up,
+    or why the plugins that reach it are missing."""
+    if not (PLUGINS / "snakemake_storage_plugin_s3").is_dir():
+        raise RuntimeError(f"no S3 storage plugin in {PLUGINS}: run tests/storage/install-plugins")
     env = {**os.environ, "PYTHON": sys.executable}
     started = subprocess.run([str(SCRIPTS / "start-s3"), str(folder)], capture_output=True, text=True, env=env,
                              timeout=120)

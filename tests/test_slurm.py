@@ -37,6 +37,7 @@ import pytest
 import yaml
 
 import reference
+import s3_server
 from factory import input_frame, read_predictions, workflow_config, write_input
 
 REPO = Path(__file__).resolve().parents[1]
@@ -134,8 +135,8 @@ def make_bucket_case(models, s3, workdir: Path, rows: int, shards: int, seed: in
 def bucket_env(s3) -> dict:
     """The submitting shell's environment, which sbatch hands on: the bucket's keys and endpoint, and the
     venv first on PATH (a job's `python` is the node's own when no software is shared)."""
-    return {**os.environ, **s3.env(), "SNAKEMAKE_STORAGE_S3_ENDPOINT_URL": s3.endpoint,
-            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    return s3_server.with_plugins({**os.environ, **s3.env(), "SNAKEMAKE_STORAGE_S3_ENDPOINT_URL": s3.endpoint,
+                                   "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
 
 
 def make_case(models, workdir: Path, rows: int, shards: int, seed: int) -> Case:
