@@ -65,3 +65,15 @@ def s3(tmp_path_factory) -> s3_server.S3Server:
         pytest.skip(f"the S3 server did not start: {error}")
     yield server
     s3_server.stop(server)
+
+
+@pytest.fixture(scope="session")
+def bucket_runs(s3, models, tmp_path_factory):
+    """tests/test_storage.py's two runs against the bucket, started in the background on first use
+    (tests/bucket_runs.py); tests/test_slurm.py asks for them so that they overlap with its runs."""
+    import bucket_runs as runs
+
+    started = runs.BucketRuns(s3, models, tmp_path_factory.mktemp("bucket-runs"))
+    started.start()
+    yield started
+    started.join(timeout=3 * runs.RUN_TIMEOUT_S)

@@ -282,10 +282,11 @@ class Scenario:
 
 
 @pytest.fixture(scope="module")
-def scenarios(slurm, profile, bucket_profile, s3, models, tmp_path_factory) -> dict[str, Scenario]:
+def scenarios(slurm, profile, bucket_profile, s3, models, tmp_path_factory, bucket_runs) -> dict[str, Scenario]:
     """The first run of each test below, all started at once: their jobs share the node's 2 CPUs
     (Slurm queues what does not fit) and their waits between status checks overlap, so the module
-    takes about half as long as running them one after another. Each test waits for its own."""
+    takes about half as long as running them one after another. Each test waits for its own.
+    `bucket_runs`: tests/test_storage.py's runs, asked for here so that they run meanwhile too."""
 
     def start(name: str, rows: int, shards: int, seed: int, args=(), fault=None) -> Scenario:
         case = make_case(models, tmp_path_factory.mktemp(name), rows=rows, shards=shards, seed=seed)

@@ -1,8 +1,8 @@
 """Without a shared filesystem: the input only in a bucket of a real S3-compatible server, every job
 in an empty folder of its own, and the table in the bucket equal to a shared-filesystem run's.
 
-The server is SeaweedFS on localhost (tests/storage/start-s3, the `s3` fixture). The run uses the
-shipped profiles/s3 with the cluster-generic executor, whose submit command
+The server is SeaweedFS on localhost (tests/storage/start-s3, the `s3` fixture). The runs
+(tests/bucket_runs.py, made in the background: the `bucket_runs` fixture) use the shipped profiles/s3 with the cluster-generic executor, whose submit command
 (tests/storage/submit-in-empty-folder) starts each job in a fresh empty folder, the way Snakemake's
 own tests run remote jobs and a Kubernetes pod starts: the job gets the workflow's sources from the
 bucket (--job-deploy-sources) and downloads its declared inputs; nothing else reaches it. The
@@ -19,8 +19,6 @@ import json
 import re
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -28,89 +26,35 @@ import yaml
 
 import factory
 import s3_server
+from bucket_runs import INPUT, ROWS, SHARDS
 from test_workflow import assert_same_rows
 
-REPO = Path(__file__).resolve().parents[1]
-ROWS, SHARDS = 1000, 2  # as classify_runs(1000, 1), the shared-filesystem run it must equal
-PREFIX = "storage-test"
-INPUT = "data/input.parquet"
-SUBMIT = REPO / "tests" / "storage" / "submit-in-empty-folder"
-STATUS = REPO / "tests" / "storage" / "job-status"
 
-
-class BucketRun:
-    """The workflow run from a clone (`workdir`) against the bucket, each job in its own folder under `jobs`."""
-
-    def __init__(self, s3, models, workdir: Path, jobs: Path):
-        self.s3, self.workdir, self.jobs = s3, factory.workflow_clone(workdir), jobs
-        jobs.mkdir()
-        config = factory.workflow_config(INPUT, models.classifier, shards=SHARDS)
-        (self.workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config))
-
-    def key(self, path: str) -> str:
-        return f"{PREFIX}/{path}"
-
-    def command(self, *args: str) -> tuple[list[str], dict]:
-        command = [sys.executable, "-m", "snakemake", "--profile", "profiles/s3", *self.s3.storage_args(PREFIX),
-                   "--executor", "cluster-generic", "--cluster-generic-submit-cmd", f"{SUBMIT} {self.jobs}",
-                   "--cluster-generic-status-cmd", str(STATUS), "--job-deploy-sources", "--jobs", "2",
-                   "--seconds-between-status-checks", "1", "--set-threads", "infer=1", *factory.WITHOUT_REPORT,
-                   *args]
-        env = s3_server.with_plugins({**factory.local_env(self.workdir), **self.s3.env()})
-        # A job's `python` is the node's (no shared software either): this Python's, on PATH.
-        env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
-        return command, env
-
-    def run(self, *args: str) -> subprocess.CompletedProcess:
-        command, env = self.command(*args)
-        return subprocess.run(command, cwd=self.workdir, capture_output=True, text=True, env=env, timeout=300)
-
-    def start(self, *args: str) -> subprocess.Popen:
-        """The run started, its terminal (stdout and stderr together) read by `communicate`."""
-        command, env = self.command(*args)
-        return subprocess.Popen(command, cwd=self.workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, env=env)
-
-    def job_folders(self) -> list[Path]:
-        return sorted(self.jobs.glob("job.*"))
-
-
-@pytest.fixture(scope="module")
-def bucket_run(s3, models, tmp_path_factory):
-    """The finished run, its input uploaded to the bucket only; with its terminal output."""
-    run = BucketRun(s3, models, tmp_path_factory.mktemp("clone"), tmp_path_factory.mktemp("jobs-root") / "jobs")
-    frame = factory.input_frame(ROWS)
-    data = factory.write_input(frame, tmp_path_factory.mktemp("upload") / "input.parquet")
-    s3.put(run.key(INPUT), data.read_bytes())
-    result = run.run()
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    run.terminal = result.stdout + result.stderr
-    run.frame = frame
-    return run
-
-
-def test_the_table_in_the_bucket_equals_a_shared_filesystem_run_row_for_row(bucket_run, s3, classify_runs):
-    got = s3.read_parquet(bucket_run.key("results/predictions.parquet"))
+def test_the_table_in_the_bucket_equals_a_shared_filesystem_run_row_for_row(bucket_runs, s3, classify_runs):
+    first = bucket_runs.first()
+    assert first.returncode == 0, first.terminal[-6000:]
+    got = bucket_runs.read_parquet(first, "results/predictions.parquet")
     want = classify_runs(ROWS, 1).predictions
     assert_same_rows(got, want, float_columns={"probs"})
     assert got.dtypes.to_dict() == want.dtypes.to_dict()
-    summary = json.loads(s3.get(bucket_run.key("results/summary.json")))
+    summary = json.loads(first.objects["results/summary.json"])
     assert (summary["rows"], summary["shards"]) == (ROWS, SHARDS)
     # the terminal names the table where it is
-    assert f"shardinfer: {ROWS:,} rows written to {s3.url(bucket_run.key('results/predictions.parquet'))}" in \
-        bucket_run.terminal, bucket_run.terminal[-3000:]
+    table = s3.url(bucket_runs.bucket.key("results/predictions.parquet"))
+    assert f"shardinfer: {ROWS:,} rows written to {table}" in first.terminal, first.terminal[-3000:]
 
 
-def test_every_job_ran_in_an_empty_folder_of_its_own_and_nothing_was_written_beside_the_clone(bucket_run):
-    folders = bucket_run.job_folders()
+def test_every_job_ran_in_an_empty_folder_of_its_own_and_nothing_was_written_beside_the_clone(bucket_runs):
+    folders = bucket_runs.first().job_folders
     assert len(folders) == 1 + SHARDS + 1, folders  # plan, a job per shard, gather
     for folder in folders:
-        assert (folder / "exit-status").read_text().strip() == "0", (folder / "job.log").read_text()[-3000:]
-        # its sources came from the bucket's source archive, unpacked in its folder
-        assert "Deploying sources" in (folder / "job.log").read_text() or (folder / "Snakefile").is_file()
+        log = (folder / "job.log").read_text()
+        assert (folder / "exit-status").read_text().strip() == "0", log[-3000:]
+        # its sources came from the bucket's source archive, unpacked in its own folder
+        assert (folder / "Snakefile").is_file() and (folder / "workflow" / "shardinfer").is_dir()
     # the input and the results are in the bucket only
-    assert not (bucket_run.workdir / "data").exists()
-    assert not (bucket_run.workdir / "results").exists()
+    assert not (bucket_runs.bucket.workdir / "data").exists()
+    assert not (bucket_runs.bucket.workdir / "results").exists()
 
 
 def infer_inputs(terminal: str) -> dict[int, list[str]]:
@@ -123,45 +67,37 @@ def infer_inputs(terminal: str) -> dict[int, list[str]]:
     return found
 
 
-def test_each_shard_job_downloads_the_plan_and_its_own_cut_only(bucket_run, s3):
-    url = s3.url
-    assert infer_inputs(bucket_run.terminal) == {
-        shard: sorted([url(bucket_run.key("results/plan.json")), url(bucket_run.key(f"results/cuts/{shard}.parquet"))])
+def test_each_shard_job_downloads_the_plan_and_its_own_cut_only(bucket_runs, s3):
+    first, key = bucket_runs.first(), bucket_runs.bucket.key
+    assert infer_inputs(first.terminal) == {
+        shard: sorted([s3.url(key("results/plan.json")), s3.url(key(f"results/cuts/{shard}.parquet"))])
         for shard in range(SHARDS)}
-    plan = json.loads(s3.get(bucket_run.key("results/plan.json")))
+    plan = json.loads(first.objects["results/plan.json"])
     cut_bytes = [shard["cut"]["size"] for shard in plan["shards"]]
     input_bytes = plan["input"]["parts"][0]["size"]
     # all shard jobs together download at most 1.2 times the input (issue 19's goal)
     assert sum(cut_bytes) <= 1.2 * input_bytes, (cut_bytes, input_bytes)
     # and each cut in the bucket holds exactly its shard's rows, the bytes the plan recorded
     for shard, entry in enumerate(plan["shards"]):
-        data = s3.get(bucket_run.key(f"results/cuts/{shard}.parquet"))
+        data = first.objects[f"results/cuts/{shard}.parquet"]
         assert len(data) == entry["cut"]["size"]
         assert pq.read_table(io.BytesIO(data)).num_rows == entry["rows"] == entry["cut"]["rows"]
     assert plan["input"]["parts"][0]["path"] == INPUT  # the object as configured, not a job's local copy
 
 
-def test_a_part_changed_in_the_bucket_after_planning_is_refused_at_gather_and_no_old_table_is_left(bucket_run, s3):
+def test_a_part_changed_in_the_bucket_after_planning_is_refused_at_gather_and_no_old_table_is_left(bucket_runs, s3):
     """A forced replan first removes the table it outdates from the bucket (the jobs, which see no
     bucket, cannot); the input object is then changed while the shards run (after the plan read it),
     and gather refuses it by its content digest: no table, and the failed job's log on the terminal."""
-    table, plan = bucket_run.key("results/predictions.parquet"), bucket_run.key("results/plan.json")
-    planned = s3.modified(plan)
-    run = bucket_run.start("--forcerun", "plan")
-    deadline = time.monotonic() + 120
-    while s3.modified(plan) == planned and run.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    changed = bucket_run.frame.copy()
-    changed.loc[5, "text"] = changed.loc[5, "text"] + " changed"
-    s3.put(bucket_run.key(INPUT), factory.write_input(changed, bucket_run.jobs.parent / "changed.parquet").read_bytes())
-    terminal, _ = run.communicate(timeout=300)
-    assert run.returncode != 0, terminal[-4000:]
-    assert f"shardinfer: removed {s3.url(table)}, outdated by this run" in terminal
+    refused, key = bucket_runs.refused(), bucket_runs.bucket.key
+    terminal = refused.terminal
+    assert refused.returncode != 0, terminal[-4000:]
+    assert f"shardinfer: removed {s3.url(key('results/predictions.parquet'))}, outdated by this run" in terminal
     # the failed job's log, fetched from the bucket, is on the terminal with its one-line error
-    assert f"Log of the failed job, {s3.url(bucket_run.key('logs/gather.log'))}:" in terminal, terminal[-4000:]
+    assert f"Log of the failed job, {s3.url(key('logs/gather.log'))}:" in terminal, terminal[-4000:]
     assert f"ERROR input `{INPUT}` changed since planning: other content" in terminal, terminal[-4000:]
-    assert not s3.exists(table)
-    assert not s3.exists(bucket_run.key("results/summary.json"))
+    assert refused.objects["results/predictions.parquet"] is None
+    assert refused.objects["results/summary.json"] is None
 
 
 def test_a_glob_input_is_refused_in_one_line_without_a_shared_filesystem(s3, models, tmp_path):

@@ -1,0 +1,151 @@
+"""The runs of tests/test_storage.py against the bucket, made in a background thread: the first one
+(which must succeed, and equal a shared-filesystem run) and the second (a forced replan, with the
+input object changed while the shards run, which gather must refuse). What the tests read of each
+is kept as it was right after it (its terminal, its objects, its job folders), since the second run
+removes the first's table.
+
+The `bucket_runs` fixture (tests/conftest.py) starts them when first asked; tests/test_slurm.py asks
+along with its own runs, whose jobs mostly wait for Slurm's status checks, so that the two overlap
+instead of following each other (each costs about 30 s of Snakemake and torch start-ups).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+import factory
+import s3_server
+
+REPO = Path(__file__).resolve().parents[1]
+ROWS, SHARDS = 1000, 2  # as classify_runs(1000, 1), the shared-filesystem run it must equal
+PREFIX = "storage-test"
+INPUT = "data/input.parquet"
+SUBMIT = REPO / "tests" / "storage" / "submit-in-empty-folder"
+STATUS = REPO / "tests" / "storage" / "job-status"
+# What the tests read of a run's objects, kept right after it.
+KEPT = ("results/predictions.parquet", "results/summary.json", "results/plan.json",
+        *(f"results/cuts/{shard}.parquet" for shard in range(SHARDS)))
+RUN_TIMEOUT_S = 300
+
+
+class BucketRun:
+    """The workflow run from a clone (`workdir`) against the bucket, each job in its own folder under `jobs`."""
+
+    def __init__(self, s3, models, workdir: Path, jobs: Path):
+        self.s3, self.workdir, self.jobs = s3, factory.workflow_clone(workdir), jobs
+        jobs.mkdir(parents=True)
+        config = factory.workflow_config(INPUT, models.classifier, shards=SHARDS)
+        (self.workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config))
+
+    def key(self, path: str) -> str:
+        return f"{PREFIX}/{path}"
+
+    def command(self, *args: str) -> tuple[list[str], dict]:
+        command = [sys.executable, "-m", "snakemake", "--profile", "profiles/s3", *self.s3.storage_args(PREFIX),
+                   "--executor", "cluster-generic", "--cluster-generic-submit-cmd", f"{SUBMIT} {self.jobs}",
+                   "--cluster-generic-status-cmd", str(STATUS), "--job-deploy-sources", "--jobs", "2",
+                   "--seconds-between-status-checks", "1", "--set-threads", "infer=1", *factory.WITHOUT_REPORT,
+                   *args]
+        env = s3_server.with_plugins({**factory.local_env(self.workdir), **self.s3.env()})
+        # A job's `python` is the node's (no shared software either): this Python's, on PATH.
+        env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+        return command, env
+
+    def run(self, *args: str) -> subprocess.CompletedProcess:
+        command, env = self.command(*args)
+        return subprocess.run(command, cwd=self.workdir, capture_output=True, text=True, env=env,
+                              timeout=RUN_TIMEOUT_S)
+
+    def start(self, *args: str) -> subprocess.Popen:
+        """The run started, its terminal (stdout and stderr together) read by `communicate`."""
+        command, env = self.command(*args)
+        return subprocess.Popen(command, cwd=self.workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=env)
+
+    def job_folders(self) -> list[Path]:
+        return sorted(self.jobs.glob("job.*"))
+
+
+@dataclass
+class Finished:
+    """A run as the tests read it: exit status, terminal, the KEPT objects then (absent: None), and
+    the job folders made so far."""
+    returncode: int
+    terminal: str
+    objects: dict[str, bytes | None]
+    job_folders: list[Path] = field(default_factory=list)
+
+
+class BucketRuns(threading.Thread):
+    """Both runs, one after the other; `first()` and `refused()` wait for theirs."""
+
+    def __init__(self, s3, models, root: Path):
+        super().__init__(name="bucket runs", daemon=True)
+        self.s3, self.frame = s3, factory.input_frame(ROWS)
+        self.bucket = BucketRun(s3, models, root / "clone", root / "jobs")
+        s3.put(self.bucket.key(INPUT), factory.write_input(self.frame, root / "upload" / "input.parquet").read_bytes())
+        self.changed_input = root / "changed" / "input.parquet"
+        self.results: dict[str, Finished] = {}
+        self.error: BaseException | None = None
+        self.first_done = threading.Event()
+
+    def run(self) -> None:
+        try:
+            self.results["first"] = self.finished(self.bucket.start())
+            self.first_done.set()
+            self.results["refused"] = self.change_input_while_the_shards_run()
+        except BaseException as error:  # re-raised in the test that waits for it
+            self.error = error
+        finally:
+            self.first_done.set()
+
+    def finished(self, process: subprocess.Popen) -> Finished:
+        terminal, _ = process.communicate(timeout=RUN_TIMEOUT_S)
+        objects = {path: self.get(path) for path in KEPT}
+        return Finished(process.returncode, terminal, objects, self.bucket.job_folders())
+
+    def get(self, path: str) -> bytes | None:
+        key = self.bucket.key(path)
+        return self.s3.get(key) if self.s3.exists(key) else None
+
+    def change_input_while_the_shards_run(self) -> Finished:
+        """A forced replan; once the plan is written (it has read the input), the input object is
+        changed, while the shard jobs run."""
+        plan = self.bucket.key("results/plan.json")
+        planned = self.s3.modified(plan)
+        process = self.bucket.start("--forcerun", "plan")
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while self.s3.modified(plan) == planned and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        changed = self.frame.copy()
+        changed.loc[5, "text"] = changed.loc[5, "text"] + " changed"
+        self.s3.put(self.bucket.key(INPUT), factory.write_input(changed, self.changed_input).read_bytes())
+        return self.finished(process)
+
+    def wait(self, name: str) -> Finished:
+        if name == "first":
+            self.first_done.wait(timeout=2 * RUN_TIMEOUT_S)
+        else:
+            self.join(timeout=3 * RUN_TIMEOUT_S)
+        if self.error is not None:
+            raise self.error
+        return self.results[name]
+
+    def first(self) -> Finished:
+        return self.wait("first")
+
+    def refused(self) -> Finished:
+        return self.wait("refused")
+
+    def read_parquet(self, finished: Finished, path: str) -> pd.DataFrame:
+        import io
+
+        return pd.read_parquet(io.BytesIO(finished.objects[path]))
