@@ -22,7 +22,7 @@ import pandas as pd
 import yaml
 
 import factory
-import s3_server
+import plugins
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS, SHARDS = 1000, 2  # as classify_runs(1000, 1), the shared-filesystem run it must equal
@@ -54,7 +54,7 @@ class BucketRun:
                    "--cluster-generic-status-cmd", str(STATUS), "--job-deploy-sources", "--jobs", "2",
                    "--seconds-between-status-checks", "1", "--set-threads", "infer=1", *factory.WITHOUT_REPORT,
                    *args]
-        env = s3_server.with_plugins({**factory.local_env(self.workdir), **self.s3.env()})
+        env = plugins.with_plugins({**factory.local_env(self.workdir), **self.s3.env()})
         # A job's `python` is the node's (no shared software either): this Python's, on PATH.
         env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
         return command, env

@@ -14,14 +14,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from plugins import PLUGINS, with_plugins  # noqa: F401  (the S3 plugin, beside the venv)
+
 SCRIPTS = Path(__file__).resolve().parent / "storage"
-# The S3 storage plugin and the Kubernetes executor plugin, beside the venv (tests/storage/install-plugins).
-PLUGINS = Path(sys.executable).parent.parent / "cloud-plugins"
-
-
-def with_plugins(env: dict) -> dict:
-    """`env` for a Snakemake process that finds the cloud plugins (PLUGINS on PYTHONPATH)."""
-    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGINS), env.get("PYTHONPATH")]))}
 
 
 @dataclass(frozen=True)
@@ -77,7 +72,7 @@ def start(folder: Path) -> S3Server:
     """Start the server (tests/storage/start-s3); raises RuntimeError saying why it did not come up,
     or why the plugins that reach it are missing."""
     if not (PLUGINS / "snakemake_storage_plugin_s3").is_dir():
-        raise RuntimeError(f"no S3 storage plugin in {PLUGINS}: run tests/storage/install-plugins")
+        raise RuntimeError(f"no S3 storage plugin in {PLUGINS}: run tests/install-plugins")
     env = {**os.environ, "PYTHON": sys.executable}
     started = subprocess.run([str(SCRIPTS / "start-s3"), str(folder)], capture_output=True, text=True, env=env,
                              timeout=120)

@@ -27,6 +27,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
+import plugins
 from factory import REPO, input_frame, input_settings, write_input
 from shardinfer.config import BatchSettings, ModelSettings, Settings, settings_from_config
 from shardinfer.errors import UserError
@@ -293,6 +294,7 @@ def test_the_slurm_profile_asks_for_sigterm_ahead_of_the_time_limit():
     import yaml
     from types import SimpleNamespace
 
+    plugins.importable()  # beside the venv (tests/install-plugins)
     pytest.importorskip("snakemake_executor_plugin_slurm")
     from snakemake_executor_plugin_slurm.submit_string import get_submit_command
     from snakemake_executor_plugin_slurm.validation import validate_slurm_extra

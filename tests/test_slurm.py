@@ -36,8 +36,8 @@ import pandas as pd
 import pytest
 import yaml
 
+import plugins
 import reference
-import s3_server
 from factory import input_frame, read_predictions, workflow_config, write_input
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,6 +64,7 @@ def slurm(tmp_path_factory):
         _cannot_run("they start Slurm's daemons, which needs Linux and root")
     if shutil.which("sbatch") is None and shutil.which("apt-get") is None:
         _cannot_run("Slurm is not installed and there is no apt-get to install it")
+    plugins.importable()
     if importlib.util.find_spec("snakemake_executor_plugin_slurm") is None:
         _cannot_run("snakemake-executor-plugin-slurm is missing (pip install -r requirements-slurm.txt)")
     try:
@@ -135,8 +136,8 @@ def make_bucket_case(models, s3, workdir: Path, rows: int, shards: int, seed: in
 def bucket_env(s3) -> dict:
     """The submitting shell's environment, which sbatch hands on: the bucket's keys and endpoint, and the
     venv first on PATH (a job's `python` is the node's own when no software is shared)."""
-    return s3_server.with_plugins({**os.environ, **s3.env(), "SNAKEMAKE_STORAGE_S3_ENDPOINT_URL": s3.endpoint,
-                                   "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    return {**os.environ, **s3.env(), "SNAKEMAKE_STORAGE_S3_ENDPOINT_URL": s3.endpoint,
+            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
 
 
 def make_case(models, workdir: Path, rows: int, shards: int, seed: int) -> Case:
@@ -158,7 +159,7 @@ class Run:
         command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--profile", str(profile), *args]
         with self.out.open("w") as handle:
             self.process = subprocess.Popen(command, cwd=case.workdir, stdout=handle, stderr=subprocess.STDOUT,
-                                            env=env)
+                                            env=plugins.with_plugins(env or dict(os.environ)))
 
     def output(self) -> str:
         return self.out.read_text()

@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 import factory
+import plugins
 import s3_server
 from bucket_runs import INPUT, ROWS, SHARDS
 from test_workflow import assert_same_rows
@@ -106,7 +107,7 @@ def test_a_glob_input_is_refused_in_one_line_without_a_shared_filesystem(s3, mod
     (clone / "config" / "config.yaml").write_text(yaml.safe_dump(config))
     command = [sys.executable, "-m", "snakemake", "--profile", "profiles/s3", *s3.storage_args("glob"), "-n"]
     result = subprocess.run(command, cwd=clone, capture_output=True, text=True,
-                            env=s3_server.with_plugins({**factory.local_env(clone), **s3.env()}), timeout=120)
+                            env=plugins.with_plugins({**factory.local_env(clone), **s3.env()}), timeout=120)
     assert result.returncode == 1
     assert ("ERROR: input.path `data/part-*.parquet` is a glob or folder; without a shared filesystem (a default "
             "storage provider) give one file, in the bucket under the storage prefix") in result.stdout + result.stderr
@@ -117,8 +118,7 @@ def kubernetes_pod(resources: dict) -> dict:
     `run_job` (the API call that would reach a cluster records the job instead)."""
     import threading
 
-    if str(s3_server.PLUGINS) not in sys.path:
-        sys.path.insert(0, str(s3_server.PLUGINS))
+    plugins.importable()
     from snakemake_executor_plugin_kubernetes import Executor
 
     class Recorder:
@@ -151,7 +151,7 @@ def test_the_kubernetes_profile_gives_each_shard_pod_a_gpu_limit(s3, models, tmp
     command = [sys.executable, "-m", "snakemake", "--profile", "profiles/kubernetes", *s3.storage_args("kubernetes"),
                "-n", "--forceall"]
     result = subprocess.run(command, cwd=clone, capture_output=True, text=True,
-                            env=s3_server.with_plugins({**factory.local_env(clone), **s3.env()}), timeout=120)
+                            env=plugins.with_plugins({**factory.local_env(clone), **s3.env()}), timeout=120)
     assert result.returncode == 0, result.stderr[-4000:]
     block = result.stdout.split("rule infer:")[1]
     printed = re.search(r"resources: (.*)", block).group(1)
