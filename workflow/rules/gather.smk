@@ -1,10 +1,10 @@
 rule gather:
     input:
+        # Their digests are checked: the staged copies, or without a shared filesystem the input's parts.
         **GATHER_READS,
+        plan=rules.plan.output.plan,
         # Input functions, not lists: beside a `rules.plan` input, Snakemake hashes a named list
         # once per item (shards x shards: 12 s of the dry run at 10,000 shards).
-        plan=rules.plan.output.plan,
-        # Their digests are checked: the staged copies, or without a shared filesystem the input's parts.
         shards=shard_files,
         files=files_folders,
     output:

@@ -1,13 +1,13 @@
 rule infer:
     input:
         **TOKENS_INPUT,
-        # Not the input's files: the plan stands for them (a changed input replans, and a newer
-        # plan reruns the shards), and listing every part in every shard job costs parts x shards.
-        **SHARD_READS,
-        plan=rules.plan.output.plan,
         # The copies the shards read of parts they cannot read by range (often none): a folder
         # deleted by hand replans instead of failing the shards. Without a shared filesystem: the
         # shard's own rows, cut by the plan (common.smk).
+        **SHARD_READS,
+        # Not the input's files: the plan stands for them (a changed input replans, and a newer
+        # plan reruns the shards), and listing every part in every shard job costs parts x shards.
+        plan=rules.plan.output.plan,
     output:
         **SHARD_FILES_OUTPUT,
         shard=SHARD_FILE,

@@ -2,10 +2,10 @@ rule plan:
     input:
         table=input_value("files"),
     output:
-        **PLAN_READS,
-        plan=named_path("results/plan.json"),
         # Copies of the parts that shards cannot read by range (input.stage; often empty), or without a
         # shared filesystem each shard's rows (common.smk).
+        **PLAN_READS,
+        plan=named_path("results/plan.json"),
     log:
         named_path("logs/plan.log"),
     benchmark:
