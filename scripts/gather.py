@@ -24,5 +24,5 @@ run_job(
     files_folders=list(snakemake.input.files),
     evaluate=EvaluateSettings(**snakemake.params.evaluate),
     # Without a shared filesystem, the job's copies of the input's parts (proven by content).
-    local_parts=list(snakemake.input.parts) if "parts" in snakemake.input.keys() else None,
+    local_parts=snakemake.input.get("parts") and list(snakemake.input.parts),
 )

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from plugins import PLUGINS, with_plugins  # noqa: F401  (the S3 plugin, beside the venv)
+from plugins import PLUGINS  # the S3 storage plugin lies there, beside the venv
 
 SCRIPTS = Path(__file__).resolve().parent / "storage"
 

@@ -158,11 +158,12 @@ def test_the_kubernetes_profile_gives_each_shard_pod_a_gpu_limit(s3, models, tmp
     resources = {key: (int(value) if value.isdigit() else value)
                  for key, value in (item.split("=", 1) for item in printed.split(", ")) if value != "<TBD>"}
     assert resources["gpu"] == 1 and resources["gpu_manufacturer"] == "nvidia" and resources["scale"] == 0
-    container = kubernetes_pod(resources)["spec"]["template"]["spec"]["containers"][0]
+    pod = kubernetes_pod(resources)["spec"]["template"]["spec"]
+    container = pod["containers"][0]
     assert container["resources"]["requests"]["nvidia.com/gpu"] == "1"
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert container["resources"]["limits"]["memory"] == f"{resources['mem_mb']}M"
-    tolerations = kubernetes_pod(resources)["spec"]["template"]["spec"]["tolerations"]
+    tolerations = pod["tolerations"]
     assert {"key": "nvidia.com/gpu", "effect": "NoSchedule"}.items() <= tolerations[0].items()
 
 
