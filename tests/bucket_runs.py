@@ -32,7 +32,7 @@ SUBMIT = REPO / "tests" / "storage" / "submit-in-empty-folder"
 STATUS = REPO / "tests" / "storage" / "job-status"
 # What the tests read of a run's objects, kept right after it.
 KEPT = ("results/predictions.parquet", "results/summary.json", "results/plan.json",
-        *(f"results/cuts/{shard}.parquet" for shard in range(SHARDS)))
+        *(f"results/cuts/{shard}.parquet" for shard in range(SHARDS)), "logs/infer/0.log")
 RUN_TIMEOUT_S = 300
 
 
@@ -42,7 +42,8 @@ class BucketRun:
     def __init__(self, s3, models, workdir: Path, jobs: Path):
         self.s3, self.workdir, self.jobs = s3, factory.workflow_clone(workdir), jobs
         jobs.mkdir(parents=True)
-        config = factory.workflow_config(INPUT, models.classifier, shards=SHARDS)
+        # The default token budget (`auto`; 1 thread per shard job below: 2048 tokens), as a user's config has it
+        config = factory.workflow_config(INPUT, models.classifier, shards=SHARDS, batch={"max_tokens": "auto"})
         (self.workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config))
 
     def key(self, path: str) -> str:

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from shardinfer.shard.batching import length_sorted_batches, pad_batch, padding_ratio
+from shardinfer.shard.batching import batch_budget, length_sorted_batches, pad_batch, padding_ratio
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -58,3 +58,16 @@ def test_a_long_tailed_mix_pads_at_most_five_percent():
 
 def test_no_rows_no_batches():
     assert length_sorted_batches([], max_tokens=16, max_rows=4) == []
+
+
+@pytest.mark.parametrize("max_tokens,on_gpu,threads,one_pass,budget", [
+    (4096, False, 1, True, 4096),  # a number is taken as it is, anywhere
+    (65536, True, 8, False, 65536),
+    ("auto", True, 4, True, 16384),  # a GPU: wide batches
+    ("auto", False, 1, True, 2048),  # CPU, one forward pass per batch: 2048 per thread
+    ("auto", False, 2, True, 4096),
+    ("auto", False, 64, True, 16384),  # at most the GPU's
+    ("auto", False, 1, False, 16384),  # CPU, generation: wide batches
+])
+def test_auto_token_budget_follows_the_device_and_the_task(max_tokens, on_gpu, threads, one_pass, budget):
+    assert batch_budget(max_tokens, on_gpu, threads, one_pass) == budget

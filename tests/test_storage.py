@@ -40,6 +40,9 @@ def test_the_table_in_the_bucket_equals_a_shared_filesystem_run_row_for_row(buck
     assert got.dtypes.to_dict() == want.dtypes.to_dict()
     summary = json.loads(first.objects["results/summary.json"])
     assert (summary["rows"], summary["shards"]) == (ROWS, SHARDS)
+    # `batch.max_tokens: auto`, resolved by the shard job for its device: CPU, 1 thread, a one-pass task
+    log = first.objects["logs/infer/0.log"].decode()
+    assert "running on cpu (1 threads)" in log and "batches of at most 2048 padded tokens (batch.max_tokens: auto)" in log
     # the terminal names the table where it is
     table = s3.url(bucket_runs.bucket.key("results/predictions.parquet"))
     assert f"shardinfer: {ROWS:,} rows written to {table}" in first.terminal, first.terminal[-3000:]

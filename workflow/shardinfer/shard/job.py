@@ -28,8 +28,9 @@ import pyarrow as pa
 import torch
 
 from shardinfer.atomic import atomic_parquet_writer
-from shardinfer.config import Settings
+from shardinfer.config import BatchSettings, Settings
 from shardinfer.proof.content_digest import ContentHasher
+from shardinfer.shard.batching import batch_budget
 from shardinfer.shard.device_loop import RowErrors, predict_window, prepare_batches
 from shardinfer.errors import UserError
 from shardinfer.shard.row_files import ShardFiles, staged_files, staging_folder
@@ -153,6 +154,7 @@ class Runtime:
     device: torch.device
     where: str
     dtype: str
+    batch: BatchSettings  # batch.max_tokens resolved for this device (`auto`)
 
 
 def start_runtime(job: ShardJob, lease: Lease) -> Runtime:
@@ -170,7 +172,11 @@ def start_runtime(job: ShardJob, lease: Lease) -> Runtime:
     what = settings.model.path or settings.model.entrypoint
     adapter = f" + adapter {settings.model.adapter}" if settings.model.adapter else ""
     log.info("loaded %s%s (task %s) in %.1f s", what, adapter, settings.model.task, time.perf_counter() - loaded_at)
-    return Runtime(task, device, where, str(dtype).replace("torch.", ""))
+    budget = batch_budget(settings.batch.max_tokens, device.type == "cuda", torch.get_num_threads(), task.one_pass)
+    log.info("batches of at most %d padded tokens (batch.max_tokens: %s) and %d rows", budget,
+             settings.batch.max_tokens, settings.batch.max_rows)
+    batch = dataclasses.replace(settings.batch, max_tokens=budget)
+    return Runtime(task, device, where, str(dtype).replace("torch.", ""), batch)
 
 
 def first_window(sort_window: int) -> int:
@@ -308,7 +314,7 @@ def write_shard(job: ShardJob, plan: Plan, runtime: Runtime, began: float) -> di
         return task.prepare(first, task_part), keep
 
     def batch(item):
-        prepared = prepare_batches(task, *item, settings.batch)
+        prepared = prepare_batches(task, *item, runtime.batch)
         planned = [positions for positions, _ in prepared.batches]
         return prepared, WindowCost.of(prepared.window, task.padded_tokens(prepared.window, planned))
 

@@ -102,6 +102,9 @@ class Task:
     # (classes: label_id or label), "texts" (generated: exact match); None: no metric, evaluate refused.
     scored_as: ClassVar[str | None] = None
     prepare_stage: str = "prepare"  # the pipeline stage's name in logs and the report
+    # One forward pass per batch (classify, embed, score), which on CPU runs fastest in small batches
+    # (`batch.max_tokens: auto`, shardinfer.shard.batching.batch_budget).
+    one_pass: ClassVar[bool] = False
 
     @classmethod
     def load(cls, context: LoadContext) -> Task:

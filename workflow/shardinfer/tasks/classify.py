@@ -40,6 +40,7 @@ def refuse_untrained_head(loaded, model: ModelSettings) -> None:
 
 class Classify(TextTask):
     name = "classify"
+    one_pass = True
     auto_class = "AutoModelForSequenceClassification"
     outputs = {"label": "string", "label_id": "int64", "probs": "list<float32>"}
     scored_as = "labels"  # evaluate: accuracy, F1 and the confusion matrix (shardinfer.metrics)

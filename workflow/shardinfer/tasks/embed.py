@@ -22,6 +22,7 @@ def pool(hidden, mask, pooling: str):
 
 class Embed(TextTask):
     name = "embed"
+    one_pass = True
     auto_class = "AutoModel"
     outputs = {"embedding": "list<float32>"}
 

@@ -33,6 +33,7 @@ def refuse_label_count(model: ModelSettings, count: int) -> None:
 
 class Score(TextTask):
     name = "score"
+    one_pass = True
     auto_class = "AutoModelForSequenceClassification"
     outputs = {"score": "float32"}
     token_data = ("token_type_ids",)  # a pair's segments: what tells the model which text is which
