@@ -9,12 +9,16 @@ snakemake = globals()["snakemake"]  # the job object injected by the script: dir
 from shardinfer.config import job_settings  # noqa: E402
 from shardinfer.shard.job import ShardJob, run_shard  # noqa: E402
 from shardinfer.jobs import run_job  # noqa: E402
+from shardinfer.stored_model import with_staged  # noqa: E402
 
 # Under the guard: a process spawned from this job (a multi-GPU vLLM engine's workers) re-imports
 # this file as __mp_main__ and must not run the shard again.
 if __name__ == "__main__":
+    # Without a shared filesystem, the model is where its copies were downloaded.
+    settings = job_settings(snakemake.params.settings, snakemake.config)
+    settings = with_staged(settings, snakemake.input.get("model"), snakemake.input.get("adapter"))
     job = ShardJob(
-        settings=job_settings(snakemake.params.settings, snakemake.config),
+        settings=settings,
         plan_path=snakemake.input.plan,
         shard=int(snakemake.wildcards.shard),
         output=snakemake.output.shard,

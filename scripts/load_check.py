@@ -14,7 +14,8 @@ what it reads; a staged file is also read in place by all shards, as it would be
 
 Bytes downloaded: without a shared filesystem a shard job downloads the plan file and its own cut of
 the input, which the plan writes (`shardinfer.input.shard_cuts`); for each format the script plans
-the same file so, and prints each shard job's bytes and all of them together against the input.
+the same file so, and prints each shard job's bytes and all of them together against the input;
+then what each shard job downloads of the model besides (the demo's, as rule stage_model stages it).
 
 Overhead is everything that is not shard work: wall time minus the shard jobs' summed time
 (Snakemake's `benchmark:` of each infer job, start-up and model load included) divided by the
@@ -371,6 +372,31 @@ def report_downloads(paths: dict[str, Path], shards: int) -> None:
               f"{cuts[0] / 1e6:.1f}..{cuts[-1] / 1e6:.1f} MB (median {cuts[len(cuts) // 2] / 1e6:.1f}); all "
               f"{(shards * plan_bytes + sum(cuts)) / size:.2f}x; plan with cuts {seconds:.1f} s", flush=True)
         shutil.rmtree(folder)
+    report_model_downloads(shards)
+
+
+def report_model_downloads(shards: int) -> None:
+    """Beside its rows, each shard job downloads the model's copies once (`shardinfer.stored_model`):
+    the demo's model's files, as rule stage_model stages them; a tokenize job the tokenizer's alone."""
+    import yaml
+
+    from shardinfer.config import resolve_model_path
+    from shardinfer.errors import UserError
+    from shardinfer.settings_digest import directory_fingerprint
+    from shardinfer.shard.tokenizer_files import is_tokenizer_side
+
+    configured = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["model"]["path"]
+    try:
+        files = directory_fingerprint(resolve_model_path(configured))
+    except UserError as error:  # the demo's model package is not installed here
+        print(f"  the model: not measured ({error})")
+        return
+    model = sum(size for _, size, _ in files)
+    tokenizer = sum(size for name, size, _ in files if is_tokenizer_side(name))
+    print(f"  and the model's copies, once per shard job: the demo's {configured} is {model / 1e6:.1f} MB "
+          f"({len(files)} files), {shards} shard jobs {shards * model / 1e9:.2f} GB in all; a tokenize job "
+          f"{tokenizer / 1e6:.1f} MB (the tokenizer's files)", flush=True)
+
 
 
 def benchmark_of(path: Path) -> dict:

@@ -15,11 +15,14 @@ from shardinfer.config import settings_from_config  # noqa: E402
 from shardinfer.jobs import run_job  # noqa: E402
 from shardinfer.plan import read_plan  # noqa: E402
 from shardinfer.shard.tokens import TokenizeJob, run_tokenize  # noqa: E402
+from shardinfer.stored_model import with_staged  # noqa: E402
 
 # `shards: auto` stands for the count the plan was cut into.
 shards = read_plan(snakemake.input.plan).shards
+settings = settings_from_config(snakemake.config, snakemake.wildcards.get("name"), auto_shards=shards)
 job = TokenizeJob(
-    settings=settings_from_config(snakemake.config, snakemake.wildcards.get("name"), auto_shards=shards),
+    # Without a shared filesystem, the tokenizer is where its copies were downloaded.
+    settings=with_staged(settings, snakemake.input.get("model")),
     plan_path=snakemake.input.plan,
     shard=int(snakemake.wildcards.shard),
     output=snakemake.output.tokens,

@@ -11,6 +11,7 @@ instead of following each other (each costs about 30 s of Snakemake and torch st
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import threading
@@ -28,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 ROWS, SHARDS = 1000, 2  # as classify_runs(1000, 1), the shared-filesystem run it must equal
 PREFIX = "storage-test"
 INPUT = "data/input.parquet"
+MODEL = "model"  # model.path, relative to the clone
 SUBMIT = REPO / "tests" / "storage" / "submit-in-empty-folder"
 STATUS = REPO / "tests" / "storage" / "job-status"
 # What the tests read of a run's objects, kept right after it.
@@ -42,8 +44,13 @@ class BucketRun:
     def __init__(self, s3, models, workdir: Path, jobs: Path):
         self.s3, self.workdir, self.jobs = s3, factory.workflow_clone(workdir), jobs
         jobs.mkdir(parents=True)
-        # The default token budget (`auto`; 1 thread per shard job below: 2048 tokens), as a user's config has it
-        config = factory.workflow_config(INPUT, models.classifier, shards=SHARDS, batch={"max_tokens": "auto"})
+        # The model in the clone, named by a relative path, which in a job's empty folder names
+        # nothing: the jobs load it from their downloaded copies (rule stage_model put them in the bucket).
+        shutil.copytree(models.classifier, self.workdir / MODEL)
+        # The default token budget (`auto`; 1 thread per shard job below: 1024 tokens), as a user's config
+        # has it; token ids made ahead, so that tokenize jobs, which download the tokenizer alone, run too.
+        config = factory.workflow_config(INPUT, MODEL, shards=SHARDS, batch={"max_tokens": "auto"},
+                                         tokenize={"ahead": True})
         (self.workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config))
 
     def key(self, path: str) -> str:

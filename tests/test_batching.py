@@ -64,8 +64,8 @@ def test_no_rows_no_batches():
     (4096, False, 1, True, 4096),  # a number is taken as it is, anywhere
     (65536, True, 8, False, 65536),
     ("auto", True, 4, True, 16384),  # a GPU: wide batches
-    ("auto", False, 1, True, 2048),  # CPU, one forward pass per batch: 2048 per thread
-    ("auto", False, 2, True, 4096),
+    ("auto", False, 1, True, 1024),  # CPU, one forward pass per batch: 1024 per thread
+    ("auto", False, 2, True, 2048),
     ("auto", False, 64, True, 16384),  # at most the GPU's
     ("auto", False, 1, False, 16384),  # CPU, generation: wide batches
 ])

@@ -6,7 +6,8 @@ The server is SeaweedFS on localhost (tests/storage/start-s3, the `s3` fixture).
 (tests/storage/submit-in-empty-folder) starts each job in a fresh empty folder, the way Snakemake's
 own tests run remote jobs and a Kubernetes pod starts: the job gets the workflow's sources from the
 bucket (--job-deploy-sources) and downloads its declared inputs; nothing else reaches it. The
-model is the one thing read from a path (model.path), as from a container image.
+model too: model.path is a folder in the clone, named by a relative path that names nothing in a
+job's folder, and the jobs load their downloaded copies of it (rule stage_model).
 
 The Kubernetes profile is checked against the executor plugin's own pod spec (no cluster runs here),
 and tests/test_slurm.py runs profiles/slurm with profiles/s3's keys on the real Slurm.
@@ -27,7 +28,7 @@ import yaml
 import factory
 import plugins
 import s3_server
-from bucket_runs import INPUT, ROWS, SHARDS
+from bucket_runs import INPUT, MODEL, ROWS, SHARDS
 from test_workflow import assert_same_rows
 
 
@@ -42,7 +43,9 @@ def test_the_table_in_the_bucket_equals_a_shared_filesystem_run_row_for_row(buck
     assert (summary["rows"], summary["shards"]) == (ROWS, SHARDS)
     # `batch.max_tokens: auto`, resolved by the shard job for its device: CPU, 1 thread, a one-pass task
     log = first.objects["logs/infer/0.log"].decode()
-    assert "running on cpu (1 threads)" in log and "batches of at most 2048 padded tokens (batch.max_tokens: auto)" in log
+    assert "running on cpu (1 threads)" in log and "batches of at most 1024 padded tokens (batch.max_tokens: auto)" in log
+    # the model from the job's downloaded copies of the staged model (model.path names nothing there)
+    assert re.search(r"loaded \S*/results/model/[0-9a-f]{16}/model \(task classify\)", log), log
     # the terminal names the table where it is
     table = s3.url(bucket_runs.bucket.key("results/predictions.parquet"))
     assert f"shardinfer: {ROWS:,} rows written to {table}" in first.terminal, first.terminal[-3000:]
@@ -50,7 +53,7 @@ def test_the_table_in_the_bucket_equals_a_shared_filesystem_run_row_for_row(buck
 
 def test_every_job_ran_in_an_empty_folder_of_its_own_and_nothing_was_written_beside_the_clone(bucket_runs):
     folders = bucket_runs.first().job_folders
-    assert len(folders) == 1 + SHARDS + 1, folders  # plan, a job per shard, gather
+    assert len(folders) == 1 + 2 * SHARDS + 1, folders  # plan, a tokenize and an infer job per shard, gather
     for folder in folders:
         log = (folder / "job.log").read_text()
         assert (folder / "exit-status").read_text().strip() == "0", log[-3000:]
@@ -61,21 +64,36 @@ def test_every_job_ran_in_an_empty_folder_of_its_own_and_nothing_was_written_bes
     assert not (bucket_runs.bucket.workdir / "results").exists()
 
 
-def infer_inputs(terminal: str) -> dict[int, list[str]]:
-    """Each shard job's declared inputs, as Snakemake printed them when it submitted the job."""
+def job_inputs(terminal: str, rule: str = "infer") -> dict[int, list[str]]:
+    """Each shard's job of `rule`: its declared inputs, as Snakemake printed them when it submitted the job."""
     found = {}
-    for block in terminal.split("rule infer:")[1:]:
+    for block in terminal.split(f"rule {rule}:")[1:]:
         inputs = re.search(r"input: (.*)", block).group(1)
         shard = int(re.search(r"wildcards: shard=(\d+)", block).group(1))
         found[shard] = sorted(re.findall(r"s3://\S+", inputs))
     return found
 
 
-def test_each_shard_job_downloads_the_plan_and_its_own_cut_only(bucket_runs, s3):
+def test_each_shard_job_downloads_the_plan_its_own_cut_and_the_model_only(bucket_runs, s3):
     first, key = bucket_runs.first(), bucket_runs.bucket.key
-    assert infer_inputs(first.terminal) == {
-        shard: sorted([s3.url(key("results/plan.json")), s3.url(key(f"results/cuts/{shard}.parquet"))])
-        for shard in range(SHARDS)}
+    staged = re.search(r"results/model/([0-9a-f]{16})/", first.terminal).group(1)
+    tokens = re.search(r"results/tokens/([0-9a-f]{16})/", first.terminal).group(1)
+    model = {path.name: s3.url(key(f"results/model/{staged}/model/{path.name}"))
+             for path in (bucket_runs.bucket.workdir / MODEL).iterdir()}
+    assert "model.safetensors" in model
+    shard_reads = {shard: [s3.url(key("results/plan.json")), s3.url(key(f"results/cuts/{shard}.parquet"))]
+                   for shard in range(SHARDS)}
+    assert job_inputs(first.terminal) == {
+        shard: sorted([*reads, s3.url(key(f"results/tokens/{tokens}/{shard}.parquet")), *model.values()])
+        for shard, reads in shard_reads.items()}
+    # a tokenize job downloads the tokenizer's files and the model's config, not its weights
+    tokenizer = [model[name] for name in ("config.json", "tokenizer.json", "tokenizer_config.json")]
+    assert job_inputs(first.terminal, "tokenize") == {
+        shard: sorted([*reads, *tokenizer]) for shard, reads in shard_reads.items()}
+    # the model's files were staged once, by the main process, and are in the bucket as they are in model.path
+    assert first.terminal.count("rule stage_model:") == 1
+    for path in (bucket_runs.bucket.workdir / MODEL).iterdir():
+        assert s3.get(key(f"results/model/{staged}/model/{path.name}")) == path.read_bytes()
     plan = json.loads(first.objects["results/plan.json"])
     cut_bytes = [shard["cut"]["size"] for shard in plan["shards"]]
     input_bytes = plan["input"]["parts"][0]["size"]

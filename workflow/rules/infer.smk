@@ -5,6 +5,8 @@ rule infer:
         # deleted by hand replans instead of failing the shards. Without a shared filesystem: the
         # shard's own rows, cut by the plan (common.smk).
         **SHARD_READS,
+        # Without a shared filesystem: the model's copies in storage (common.smk).
+        **INFER_MODEL,
         # Not the input's files: the plan stands for them (a changed input replans, and a newer
         # plan reruns the shards), and listing every part in every shard job costs parts x shards.
         plan=rules.plan.output.plan,

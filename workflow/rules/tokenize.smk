@@ -1,6 +1,7 @@
 rule tokenize:
     input:
         **SHARD_READS,  # as in rule infer
+        **TOKENIZE_MODEL,  # without a shared filesystem: the tokenizer's copies in storage
         plan=rules.plan.output.plan,  # stands for the input's files, as in rule infer
     output:
         tokens=TOKENS_FILE,

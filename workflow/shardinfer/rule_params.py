@@ -42,9 +42,10 @@ class InputJobs:
     evaluate: dict
 
     @classmethod
-    def of(cls, settings: Settings, storage: bool = False) -> InputJobs:
+    def of(cls, settings: Settings, storage: bool = False, model_files: tuple[list, list] | None = None) -> InputJobs:
         """`storage`: the input is in a storage provider's bucket (no shared filesystem), which this
-        process cannot stat; Snakemake reruns the plan for a newer object, gather proves the content."""
+        process cannot stat; Snakemake reruns the plan for a newer object, gather proves the content.
+        `model_files`: the model's fingerprints as the main process read them (`output_digest`)."""
         job_settings = settings.to_dict()
         job_settings["input"]["parts"] = []
         evaluate = job_settings.pop("evaluate")
@@ -57,7 +58,7 @@ class InputJobs:
             shards=settings.shards,
             version=storage_trigger(settings.input.files) if storage else plan_trigger(settings.input.files),
             identity=storage_trigger(settings.input.files) if storage else gather_trigger(settings.input.files),
-            digest=output_digest(settings),
+            digest=output_digest(settings, model_files),
             job_settings=job_settings,
             evaluate=evaluate,
         )

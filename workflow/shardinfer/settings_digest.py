@@ -12,7 +12,7 @@ from pathlib import Path
 
 from shardinfer.config import Settings
 from shardinfer.errors import UserError
-from shardinfer.shard.tokenizer_files import TOKENIZER_FILES, is_vocabulary_file
+from shardinfer.shard.tokenizer_files import is_tokenizer_side
 from shardinfer.tasks import engine_class
 
 
@@ -51,20 +51,25 @@ def entrypoint_digest(entrypoint: str | None) -> str | None:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def output_digest(settings: Settings) -> str:
+def output_digest(settings: Settings, model_files: tuple[list, list] | None = None) -> str:
     """A digest of everything that changes the predictions, model files included.
 
     Stored in each shard file and passed as a rule param: a change reruns the shards, and gather
-    refuses a shard computed under other settings.
+    refuses a shard computed under other settings. `model_files`: the fingerprints of model.path and
+    model.adapter as the main process read them, for a job whose node lacks them (no shared
+    filesystem, `shardinfer.stored_model`); read here otherwise.
     """
     task = engine_class(settings)
+    if model_files is None:
+        model_files = (directory_fingerprint(settings.model.path, recursive=task.model_files_below),
+                       directory_fingerprint(settings.model.adapter))
     relevant = {
         "input": {"text_column": settings.input.text_column, "keep_columns": settings.input.keep_columns,
                   "null_text": settings.input.null_text, "columns": settings.input.columns},
         "model": dataclasses.asdict(settings.model),
         "task_settings": settings.task_settings,  # the task's own section only
-        "model_files": directory_fingerprint(settings.model.path, recursive=task.model_files_below),
-        "adapter_files": directory_fingerprint(settings.model.adapter),
+        "model_files": model_files[0],
+        "adapter_files": model_files[1],
         "code": entrypoint_digest(settings.model.entrypoint),
     }
     extra = task.identity(settings)  # e.g. the vLLM engine's version
@@ -75,20 +80,27 @@ def output_digest(settings: Settings) -> str:
     return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
 
-def tokenizer_digest(settings: Settings) -> str:
-    """A digest of what decides the token ids: the tokenizer's files (by content; remote code too,
-    when allowed), the config entries that pick its class, the transformers and tokenizers
-    versions, max_length and the text settings. Not the weights: token files made for one model
-    are reused by another with the same tokenizer."""
+def tokenizer_facts(model_path: str, trust_remote_code: bool) -> dict:
+    """What the tokenizer digest reads of model.path: its tokenizer files (by content; remote code
+    too, when allowed), the config entries that pick its class, and the transformers and tokenizers
+    versions."""
     from importlib.metadata import version
 
-    folder = Path(settings.model.path)
-    code = settings.model.trust_remote_code
-    files = sorted((p.name, hashlib.sha256(p.read_bytes()).hexdigest()) for p in folder.iterdir()
-                   if p.is_file() and (p.name in TOKENIZER_FILES or is_vocabulary_file(p) or (code and p.suffix == ".py")))
+    folder = Path(model_path)
+    files = sorted([p.name, hashlib.sha256(p.read_bytes()).hexdigest()] for p in folder.iterdir()
+                   if p.is_file() and p.name != "config.json" and is_tokenizer_side(p.name, trust_remote_code))
     config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
-    relevant = {"files": files, "model_type": config.get("model_type"), "tokenizer_class": config.get("tokenizer_class"),
-                "versions": [version("transformers"), version("tokenizers")], "max_length": settings.model.max_length,
+    return {"files": files, "model_type": config.get("model_type"), "tokenizer_class": config.get("tokenizer_class"),
+            "versions": [version("transformers"), version("tokenizers")]}
+
+
+def tokenizer_digest(settings: Settings, facts: dict | None = None) -> str:
+    """A digest of what decides the token ids: the tokenizer's `facts` (`tokenizer_facts`, read here
+    unless given: the main process's, for a job without the folder), max_length and the text
+    settings. Not the weights: token files made for one model are reused by another with the same
+    tokenizer."""
+    facts = facts or tokenizer_facts(settings.model.path, settings.model.trust_remote_code)
+    relevant = {**facts, "max_length": settings.model.max_length,
                 "trust_remote_code": settings.model.trust_remote_code, "text_column": settings.input.text_column,
                 "null_text": settings.input.null_text}
     if settings.input.text_columns[1:]:  # a pair (task score): its second text decides the ids too

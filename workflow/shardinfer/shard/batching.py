@@ -16,16 +16,17 @@ import numpy as np
 
 BATCH_OVERHEAD = 1 / 64  # one more batch costs as much as padding 1/64 of the token budget
 WIDE_BUDGET = 16384  # `batch.max_tokens: auto` on a GPU, and for tasks that loop over a batch (generate)
-CPU_BUDGET_PER_THREAD = 2048  # `auto` on CPU for one forward pass per batch
+CPU_BUDGET_PER_THREAD = 1024  # `auto` on CPU for one forward pass per batch
 
 
 def batch_budget(max_tokens: int | str, on_gpu: bool, threads: int, one_pass: bool) -> int:
     """`batch.max_tokens` for this job: the configured number, or for `auto` what its device runs
     fastest. A GPU needs wide batches to fill its cores. A CPU core does not: there, one forward
     pass per batch (classify, embed, score) runs fastest when its activations stay in cache
-    (all-MiniLM-L6-v2, 3,000 texts of ~34 tokens: 1 thread 9% faster at 1,024-2,048 tokens than at
-    16,384; 2 threads 9% faster at 4,096). Generation keeps wide batches on CPU too: each decoding
-    step costs a fixed overhead per batch."""
+    (all-MiniLM-L6-v2, texts of ~34 tokens: 1 thread 9% faster at 1,024-2,048 tokens than at 16,384,
+    and with two such jobs at once 1,024 6% faster than 2,048; 2 threads 1,024-2,048 tokens 10%
+    faster than 4,096). Generation keeps wide batches on CPU too: each decoding step costs a fixed
+    overhead per batch."""
     if max_tokens != "auto":
         return int(max_tokens)
     if on_gpu or not one_pass:

@@ -173,8 +173,9 @@ def start_runtime(job: ShardJob, lease: Lease) -> Runtime:
     adapter = f" + adapter {settings.model.adapter}" if settings.model.adapter else ""
     log.info("loaded %s%s (task %s) in %.1f s", what, adapter, settings.model.task, time.perf_counter() - loaded_at)
     budget = batch_budget(settings.batch.max_tokens, device.type == "cuda", torch.get_num_threads(), task.one_pass)
-    log.info("batches of at most %d padded tokens (batch.max_tokens: %s) and %d rows", budget,
-             settings.batch.max_tokens, settings.batch.max_rows)
+    if not task.own_batches:
+        log.info("batches of at most %d padded tokens (batch.max_tokens: %s) and %d rows", budget,
+                 settings.batch.max_tokens, settings.batch.max_rows)
     batch = dataclasses.replace(settings.batch, max_tokens=budget)
     return Runtime(task, device, where, str(dtype).replace("torch.", ""), batch)
 

@@ -13,3 +13,11 @@ TOKENIZER_FILES = (*VOCABULARY_FILES, "tokenizer_config.json", "special_tokens_m
 
 def is_vocabulary_file(path: Path) -> bool:
     return path.name in VOCABULARY_FILES or path.suffix == ".tiktoken"
+
+
+def is_tokenizer_side(name: str, trust_remote_code: bool = False) -> bool:
+    """Whether a file of a model folder is one the tokenizer loads: its files, config.json (which
+    can pick its class) and, with remote code allowed, the folder's Python files. Not the weights."""
+    path = Path(name)
+    return (name in TOKENIZER_FILES or is_vocabulary_file(path) or name == "config.json"
+            or (trust_remote_code and path.suffix == ".py"))

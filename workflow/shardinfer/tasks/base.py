@@ -105,6 +105,9 @@ class Task:
     # One forward pass per batch (classify, embed, score), which on CPU runs fastest in small batches
     # (`batch.max_tokens: auto`, shardinfer.shard.batching.batch_budget).
     one_pass: ClassVar[bool] = False
+    # Whether its engine schedules its own batches (vLLM: a window whole), so batch.max_tokens and
+    # batch.max_rows do not apply and the shard log does not claim them.
+    own_batches: ClassVar[bool] = False
 
     @classmethod
     def load(cls, context: LoadContext) -> Task:

@@ -262,6 +262,8 @@ class EngineProgress:
 class VllmGenerate(Generate):
     """Generate with the prompts of the transformers engine, run by vLLM's engine."""
 
+    own_batches = True
+
     def __init__(self, engine, tokenizer, context: LoadContext, generation_config: dict, start_s: float = 0.0) -> None:
         super().__init__(None, tokenizer, tokenizer.pad_token_id or 0, context, generation_config.get("eos_token_id"))
         self.engine, self.start_s = engine, start_s
