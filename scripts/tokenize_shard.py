@@ -17,9 +17,12 @@ from shardinfer.plan import read_plan  # noqa: E402
 from shardinfer.shard.tokens import TokenizeJob, run_tokenize  # noqa: E402
 from shardinfer.stored_model import with_staged  # noqa: E402
 
-# `shards: auto` stands for the count the plan was cut into.
-shards = read_plan(snakemake.input.plan).shards
-settings = settings_from_config(snakemake.config, snakemake.wildcards.get("name"), auto_shards=shards)
+# `shards: auto` stands for the count the plan was cut into. Without a shared filesystem (a cut to
+# read) the input's parts are the plan's, which it found in the bucket.
+plan = read_plan(snakemake.input.plan)
+cut = snakemake.input.get("cut")
+listed = {plan.input_path: [part.path for part in plan.parts]} if cut else None
+settings = settings_from_config(snakemake.config, snakemake.wildcards.get("name"), plan.shards, listed)
 job = TokenizeJob(
     # Without a shared filesystem, the tokenizer is where its copies were downloaded.
     settings=with_staged(settings, snakemake.input.get("model")),
@@ -28,6 +31,6 @@ job = TokenizeJob(
     output=snakemake.output.tokens,
     tokenizer_key=snakemake.params.tokenizer_key,
     threads=snakemake.threads,
-    cut=snakemake.input.get("cut"),
+    cut=cut,
 )
 run_job(snakemake.log[0], run_tokenize, job)

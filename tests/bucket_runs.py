@@ -1,8 +1,9 @@
 """The runs of tests/test_storage.py against the bucket, made in a background thread: the first one
-(which must succeed, and equal a shared-filesystem run) and the second (a forced replan, with the
-input object changed while the shards run, which gather must refuse). What the tests read of each
-is kept as it was right after it (its terminal, its objects, its job folders), since the second run
-removes the first's table.
+(which must succeed, and equal a shared-filesystem run), the second (a forced replan, with the
+input object changed while the shards run, which gather must refuse), and a third over named
+inputs whose parts the bucket's listing finds (a folder of Parquet parts, a glob of JSONL ones). What
+the tests read of each is kept as it was right after it (its terminal, its objects, its job
+folders), since the second run removes the first's table.
 
 The `bucket_runs` fixture (tests/conftest.py) starts them when first asked; tests/test_slurm.py asks
 along with its own runs, whose jobs mostly wait for Slurm's status checks, so that the two overlap
@@ -36,28 +37,37 @@ STATUS = REPO / "tests" / "storage" / "job-status"
 KEPT = ("results/predictions.parquet", "results/summary.json", "results/plan.json",
         *(f"results/cuts/{shard}.parquet" for shard in range(SHARDS)), "logs/infer/0.log")
 RUN_TIMEOUT_S = 300
+# The third run's named inputs, in the bucket under PARTS_PREFIX: `val` a folder of the ROWS rows in
+# three Parquet parts (part names sort in row order) beside what a folder's listing passes over;
+# `test` a glob of the first TEST_ROWS rows in two JSONL parts, beside a part the glob does not match.
+PARTS_PREFIX = "storage-parts"
+VAL_PARTS = {"data/val/part-0.parquet": (0, 400), "data/val/part-1.parquet": (400, 700),
+             "data/val/sub/part-2.parquet": (700, ROWS)}
+TEST_ROWS, TEST_GLOB = 300, "data/test/part-*.jsonl"
+TEST_PARTS = {"data/test/part-0.jsonl": (0, 100), "data/test/part-1.jsonl": (100, TEST_ROWS)}
+PASSED_OVER = {"data/val/_SUCCESS": (0, 0), "data/val/README.md": (0, 0), "data/val/_temporary/part-9.parquet": (0, 5),
+               "data/test/other.jsonl": (0, 5)}
+PARTS_KEPT = tuple(f"results/{name}/{path}" for name in ("val", "test")
+                   for path in ("predictions.parquet", "summary.json", "plan.json"))
 
 
 class BucketRun:
-    """The workflow run from a clone (`workdir`) against the bucket, each job in its own folder under `jobs`."""
+    """The workflow run from a clone (`workdir`) against the bucket under `prefix`, each job in its own
+    folder under `jobs`."""
 
-    def __init__(self, s3, models, workdir: Path, jobs: Path):
-        self.s3, self.workdir, self.jobs = s3, factory.workflow_clone(workdir), jobs
+    def __init__(self, s3, models, workdir: Path, jobs: Path, config: dict, prefix: str):
+        self.s3, self.workdir, self.jobs, self.prefix = s3, factory.workflow_clone(workdir), jobs, prefix
         jobs.mkdir(parents=True)
         # The model in the clone, named by a relative path, which in a job's empty folder names
         # nothing: the jobs load it from their downloaded copies (rule stage_model put them in the bucket).
         shutil.copytree(models.classifier, self.workdir / MODEL)
-        # The default token budget (`auto`; 1 thread per shard job below: 1024 tokens), as a user's config
-        # has it; token ids made ahead, so that tokenize jobs, which download the tokenizer alone, run too.
-        config = factory.workflow_config(INPUT, MODEL, shards=SHARDS, batch={"max_tokens": "auto"},
-                                         tokenize={"ahead": True})
         (self.workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config))
 
     def key(self, path: str) -> str:
-        return f"{PREFIX}/{path}"
+        return f"{self.prefix}/{path}"
 
     def command(self, *args: str) -> tuple[list[str], dict]:
-        command = [sys.executable, "-m", "snakemake", "--profile", "profiles/s3", *self.s3.storage_args(PREFIX),
+        command = [sys.executable, "-m", "snakemake", "--profile", "profiles/s3", *self.s3.storage_args(self.prefix),
                    "--executor", "cluster-generic", "--cluster-generic-submit-cmd", f"{SUBMIT} {self.jobs}",
                    "--cluster-generic-status-cmd", str(STATUS), "--job-deploy-sources", "--jobs", "2",
                    "--seconds-between-status-checks", "1", "--set-threads", "infer=1", *factory.WITHOUT_REPORT,
@@ -98,30 +108,47 @@ class BucketRuns(threading.Thread):
     def __init__(self, s3, models, root: Path):
         super().__init__(name="bucket runs", daemon=True)
         self.s3, self.frame = s3, factory.input_frame(ROWS)
-        self.bucket = BucketRun(s3, models, root / "clone", root / "jobs")
+        # The default token budget (`auto`; 1 thread per shard job below: 1024 tokens), as a user's config
+        # has it; token ids made ahead, so that tokenize jobs, which download the tokenizer alone, run too.
+        config = factory.workflow_config(INPUT, MODEL, shards=SHARDS, batch={"max_tokens": "auto"},
+                                         tokenize={"ahead": True})
+        self.bucket = BucketRun(s3, models, root / "clone", root / "jobs", config, PREFIX)
         s3.put(self.bucket.key(INPUT), factory.write_input(self.frame, root / "upload" / "input.parquet").read_bytes())
         self.changed_input = root / "changed" / "input.parquet"
+        self.parts = BucketRun(s3, models, root / "parts-clone", root / "parts-jobs", self.parts_config(), PARTS_PREFIX)
+        for key, (start, stop) in {**VAL_PARTS, **TEST_PARTS, **PASSED_OVER}.items():
+            local = factory.write_input(self.frame.iloc[start:stop], root / "upload" / PARTS_PREFIX / key)
+            s3.put(self.parts.key(key), local.read_bytes() if stop else b"written by hand")
         self.results: dict[str, Finished] = {}
         self.error: BaseException | None = None
         self.first_done = threading.Event()
 
+    @staticmethod
+    def parts_config() -> dict:
+        config = factory.workflow_config(INPUT, MODEL, shards=SHARDS)
+        del config["input"]
+        config["inputs"] = {"val": {"path": "data/val/", "keep_columns": ["id", "gold"]},
+                            "test": {"path": TEST_GLOB, "keep_columns": ["id", "gold"]}}
+        return config
+
     def run(self) -> None:
         try:
-            self.results["first"] = self.finished(self.bucket.start())
+            self.results["first"] = self.finished(self.bucket, self.bucket.start(), KEPT)
             self.first_done.set()
             self.results["refused"] = self.change_input_while_the_shards_run()
+            self.results["parts"] = self.finished(self.parts, self.parts.start(), PARTS_KEPT)
         except BaseException as error:  # re-raised in the test that waits for it
             self.error = error
         finally:
             self.first_done.set()
 
-    def finished(self, process: subprocess.Popen) -> Finished:
+    def finished(self, bucket: BucketRun, process: subprocess.Popen, kept: tuple[str, ...]) -> Finished:
         terminal, _ = process.communicate(timeout=RUN_TIMEOUT_S)
-        objects = {path: self.get(path) for path in KEPT}
-        return Finished(process.returncode, terminal, objects, self.bucket.job_folders())
+        objects = {path: self.get(bucket, path) for path in kept}
+        return Finished(process.returncode, terminal, objects, bucket.job_folders())
 
-    def get(self, path: str) -> bytes | None:
-        key = self.bucket.key(path)
+    def get(self, bucket: BucketRun, path: str) -> bytes | None:
+        key = bucket.key(path)
         return self.s3.get(key) if self.s3.exists(key) else None
 
     def change_input_while_the_shards_run(self) -> Finished:
@@ -136,13 +163,13 @@ class BucketRuns(threading.Thread):
         changed = self.frame.copy()
         changed.loc[5, "text"] = changed.loc[5, "text"] + " changed"
         self.s3.put(self.bucket.key(INPUT), factory.write_input(changed, self.changed_input).read_bytes())
-        return self.finished(process)
+        return self.finished(self.bucket, process, KEPT)
 
     def wait(self, name: str) -> Finished:
         if name == "first":
             self.first_done.wait(timeout=2 * RUN_TIMEOUT_S)
         else:
-            self.join(timeout=3 * RUN_TIMEOUT_S)
+            self.join(timeout=4 * RUN_TIMEOUT_S)
         if self.error is not None:
             raise self.error
         return self.results[name]
@@ -152,6 +179,9 @@ class BucketRuns(threading.Thread):
 
     def refused(self) -> Finished:
         return self.wait("refused")
+
+    def listed_parts(self) -> Finished:
+        return self.wait("parts")
 
     def read_parquet(self, finished: Finished, path: str) -> pd.DataFrame:
         import io

@@ -341,3 +341,50 @@ def test_a_directory_of_parts_runs_as_one_table_and_gather_proves_every_part(cla
     shutil.rmtree(parquet / "results" / "staged")  # deleted by hand: the shards' input, so the plan reruns
     result = run_workflow(parquet, config, "-n")
     assert result.returncode == 0 and re.search(r"^plan\s+1$", result.stdout, re.M), result.stdout[-3000:]
+
+
+TREE = ("export/b/part-1.parquet", "export/a/part-2.parquet", "export/part-0.parquet", "export/_SUCCESS",
+        "export/.part-0.parquet.crc", "export/README.md", "export/_temporary/0/part-9.parquet",
+        "export/.hidden/part-8.parquet", "export/c/_d/part-7.parquet", "part-10.csv.gz", "part-02.csv",
+        "part-01.csv", "_part-00.csv", "other.csv", "raw/part-0", "raw/part-1", "raw/_part-2")
+
+
+def resolved_or_refused(path: str, fmt: str, listed: list[str] | None = None):
+    try:
+        return resolve_input(path, fmt, listed=listed)
+    except UserError as error:
+        return str(error)
+
+
+@pytest.mark.parametrize("path, fmt", [
+    ("export", "auto"), ("export/", "auto"), ("export/*.parquet", "auto"), ("export/**/part-*.parquet", "auto"),
+    ("export/*", "auto"), ("*/a", "auto"), ("part-*.csv*", "auto"), ("**/part-0*.csv", "auto"),
+    ("raw/part-*", "csv"), ("part-01.csv", "auto"),
+])
+def test_a_bucket_listing_gives_the_parts_the_filesystem_gives(tmp_path, monkeypatch, path, fmt):
+    """Without a shared filesystem the parts are picked among the object names listed under the
+    path's literal folder: the same parts, in the same order, as the same tree on disk gives."""
+    from shardinfer.input.discovery import listing_root
+
+    for name in TREE:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    monkeypatch.chdir(tmp_path)
+    root = listing_root(path)
+    listed = [name for name in TREE if name.startswith(f"{root}/") or not root]
+    assert resolved_or_refused(path, fmt, listed) == resolved_or_refused(path, fmt)
+    # a listing has no folders of its own: a folder with no objects below it is one object
+    assert resolve_input("data/input.parquet", listed=[]) == ("parquet", ("data/input.parquet",))
+
+
+@pytest.mark.parametrize("path, listed, message", [
+    ("export/x*.csv", ["export/a.parquet"], r"input.path `export/x\*.csv` matches no objects in the bucket"),
+    ("export/", ["export/README.md", "export/_SUCCESS"], r"input.path `export/` is a folder in the bucket with no "
+                                                         r"table files"),
+    ("ds/", ["ds/state.json", "ds/data-00000-of-00001.arrow"], r"input.path `ds/` in the bucket holds `state.json`: "
+                                                               r"a hf_dataset folder"),
+])
+def test_a_listing_that_gives_no_parts_is_refused_in_one_line(path, listed, message):
+    with pytest.raises(UserError, match=message) as caught:
+        resolve_input(path, listed=listed)
+    assert "\n" not in str(caught.value)

@@ -71,3 +71,21 @@ def test_parts_named_as_configured_plan_alike_wherever_their_copies_were(tmp_pat
     plans = [make_plan(settings, 2, 32).named_as(("data/in.parquet",)) for settings in read]
     assert plans[0].plan_id == plans[1].plan_id
     assert plans[0].parts[0].path == "data/in.parquet" and plans[0].parts[0].mtime_ns == 0
+
+
+def test_gather_refuses_downloaded_parts_other_than_the_planned_ones(tmp_path):
+    """Each job lists the bucket again: a gather job whose listing found other parts (one renamed or
+    added since planning) gets copies named otherwise, and refuses them before reading any."""
+    from shardinfer.errors import ProofError
+    from shardinfer.proof.gather import prove
+
+    frame = input_frame(40)
+    copies = [write_input(frame.iloc[a:b], tmp_path / "dl" / "s3" / "bucket" / "run" / "data" / name)
+              for name, (a, b) in (("part-0.parquet", (0, 20)), ("part-1.parquet", (20, 40)))]
+    names = ("data/part-0.parquet", "data/part-1.parquet")
+    read = dataclasses.replace(settings_for(copies[0]), path="data/", parts=tuple(map(str, copies)))
+    plan = make_plan(read, 2, 32).named_as(names)
+    renamed = copies[1].rename(copies[1].with_name("part-2.parquet"))
+    with pytest.raises(ProofError, match=r"gather got input part `.*/data/part-2.parquet` where the plan has "
+                                         r"`data/part-1.parquet`: the input's parts changed since planning"):
+        prove(plan, ["0.parquet", "1.parquet"], read, "digest", local_parts=[str(copies[0]), str(renamed)])

@@ -28,7 +28,7 @@ import yaml
 import factory
 import plugins
 import s3_server
-from bucket_runs import INPUT, MODEL, ROWS, SHARDS
+from bucket_runs import INPUT, MODEL, ROWS, SHARDS, TEST_PARTS, TEST_ROWS, VAL_PARTS
 from test_workflow import assert_same_rows
 
 
@@ -122,7 +122,35 @@ def test_a_part_changed_in_the_bucket_after_planning_is_refused_at_gather_and_no
     assert refused.objects["results/summary.json"] is None
 
 
-def test_a_glob_input_is_refused_in_one_line_without_a_shared_filesystem(s3, models, tmp_path):
+def test_a_folder_and_a_glob_in_the_bucket_are_their_listed_parts_and_equal_a_shared_filesystem_run(
+        bucket_runs, s3, classify_runs):
+    """Named inputs whose parts the bucket's listing finds, as a filesystem's would: `val` a folder of
+    Parquet parts (markers, a README and a `_temporary` part passed over), `test` a glob of JSONL parts
+    (another object in the folder not matched). Each table equals the shared-filesystem run's rows."""
+    listed, key = bucket_runs.listed_parts(), bucket_runs.parts.key
+    assert listed.returncode == 0, listed.terminal[-6000:]
+    want = classify_runs(ROWS, 1).predictions
+    val = bucket_runs.read_parquet(listed, "results/val/predictions.parquet")
+    assert_same_rows(val, want, float_columns={"probs"})
+    test = bucket_runs.read_parquet(listed, "results/test/predictions.parquet")
+    assert_same_rows(test, want.iloc[:TEST_ROWS], float_columns={"probs"})
+    for name, parts in (("val", VAL_PARTS), ("test", TEST_PARTS)):
+        plan = json.loads(listed.objects[f"results/{name}/plan.json"])
+        assert [part["path"] for part in plan["input"]["parts"]] == list(parts)  # the objects, in row order
+        assert json.loads(listed.objects[f"results/{name}/summary.json"])["rows"] == max(b for _, b in parts.values())
+        # gather downloads and proves the planned parts; each shard job reads its own cut only
+        gather = next(block for block in listed.terminal.split("rule gather:")[1:] if f"name={name}" in block)
+        downloaded = re.findall(r"s3://\S+", re.search(r"input: (.*)", gather).group(1))
+        assert sorted(url for url in downloaded if "/data/" in url) == sorted(s3.url(key(part)) for part in parts)
+    shard_jobs = listed.terminal.split("rule infer:")[1:]
+    assert len(shard_jobs) == 2 * SHARDS
+    for block in shard_jobs:
+        reads = re.findall(r"s3://\S+", re.search(r"input: (.*)", block).group(1))
+        assert [url for url in reads if "/results/" in url and "/cuts/" in url], reads
+        assert not [url for url in reads if "/data/" in url], reads
+
+
+def test_a_glob_that_matches_no_object_is_refused_in_one_line_when_the_snakefile_loads(s3, models, tmp_path):
     clone = factory.workflow_clone(tmp_path / "clone")
     config = factory.workflow_config("data/part-*.parquet", models.classifier)
     (clone / "config" / "config.yaml").write_text(yaml.safe_dump(config))
@@ -130,8 +158,8 @@ def test_a_glob_input_is_refused_in_one_line_without_a_shared_filesystem(s3, mod
     result = subprocess.run(command, cwd=clone, capture_output=True, text=True,
                             env=plugins.with_plugins({**factory.local_env(clone), **s3.env()}), timeout=120)
     assert result.returncode == 1
-    assert ("ERROR: input.path `data/part-*.parquet` is a glob or folder; without a shared filesystem (a default "
-            "storage provider) give one file, in the bucket under the storage prefix") in result.stdout + result.stderr
+    assert ("ERROR: input.path `data/part-*.parquet` matches no objects in the bucket (names starting with `.` or "
+            "`_` are skipped)") in result.stdout + result.stderr
 
 
 def kubernetes_pod(resources: dict) -> dict:
@@ -189,7 +217,6 @@ def test_the_kubernetes_profile_gives_each_shard_pod_a_gpu_limit(s3, models, tmp
 
 
 @pytest.mark.parametrize("change, refused", [
-    ({"input": {"path": "data/parts/"}}, "input.path `data/parts/` is a glob or folder"),
     ({"model": {"task": "custom"}}, "task custom may write files per row into a folder per shard"),
     ({"inputs": {"val": {"path": "v.csv", "shards": 2}, "test": {"path": "t.csv"}}},
      "inputs have different `shards`"),

@@ -46,12 +46,13 @@ from shardinfer.checks import (
     check_writable,
     schema_errors,
 )
-from shardinfer.config import settings_by_input
+from shardinfer.config import input_paths, settings_by_input
+from shardinfer.input.bucket import bucket_listing
 from shardinfer.settings_digest import tokenizer_digest
 from shardinfer.errors import UserError
 from shardinfer.rule_params import InputJobs, shared_tokenizer_key
 from shardinfer.input.shard_bound import shard_count_note
-from shardinfer.stored_model import HANDED_VAR, hand_on
+from shardinfer.stored_model import HANDED_VAR, hand_on, handed, with_handed_paths
 from shardinfer.tasks import may_write_files, task_class
 from shardinfer.terminal import summary_lines
 
@@ -91,13 +92,23 @@ def load_inputs(config):
         if STORAGE:
             check_storage_inputs(config)
         auto = resolve_auto(config)
-        by_name = settings_by_input(config, auto and auto.count)
-        # Without a shared filesystem a job's node may lack the model: checked in the main process.
-        if workflow.is_main_process or not STORAGE:
+        # Without a shared filesystem a job's node may lack the model: the main process reads it,
+        # checks the inputs and hands on what the jobs take (shardinfer.stored_model).
+        job_model = STORAGE and not workflow.is_main_process and handed()
+        if job_model:
+            config = with_handed_paths(config, job_model)
+        by_name = settings_by_input(
+            config, auto and auto.count, listed_in_bucket(config)
+        )
+        if not job_model:
             check_inputs(by_name, STORAGE)
         if workflow.is_main_process:
             check_writable()
-        model = stored_model(next(iter(by_name.values()))) if STORAGE else None
+        model = job_model or (
+            hand_on(next(iter(by_name.values()))) if STORAGE else None
+        )
+        if STORAGE:
+            workflow.register_envvars(HANDED_VAR)
         fingerprints = model and (model.model, model.adapter)
         inputs = {
             name: InputJobs.of(settings, STORAGE, fingerprints)
@@ -111,12 +122,15 @@ def load_inputs(config):
     return inputs, auto, model
 
 
-def stored_model(settings):
-    """Without a shared filesystem, what the main process read of the model's folders, handed on
-    to the jobs, whose nodes may lack them (shardinfer.stored_model)."""
-    files = hand_on(settings, workflow.is_main_process)
-    workflow.register_envvars(HANDED_VAR)
-    return files
+def listed_in_bucket(config):
+    """Without a shared filesystem, the objects under each input path in the bucket, among which
+    its parts are picked (a folder or glob, as on disk); None on a shared filesystem. Each job lists
+    again: gather refuses parts other than the plan's."""
+    if not STORAGE:
+        return None
+    provider = workflow.storage_registry.default_storage_provider
+    prefix = workflow.storage_settings.default_storage_prefix or ""
+    return bucket_listing(provider, prefix, input_paths(config))
 
 
 # What the jobs of each input take (shardinfer.rule_params). One input (`input:`): INPUTS is {None: ...}
@@ -134,11 +148,15 @@ MODEL_COPIES = (
     MODEL_FILES.staged(SETTINGS.model.trust_remote_code) if MODEL_FILES else {}
 )
 # What the infer and tokenize jobs read of the model as inputs, those copies (the tokenizer's
-# alone for tokenize), or on a shared filesystem nothing, model.path itself.
+# alone for tokenize), or on a shared filesystem nothing, model.path itself. `ancient`: the key in
+# their path names the files they hold, so a copy uploaded again (`--forcerun stage_model`) is the
+# same model and reruns no shard.
 INFER_MODEL = {
-    key: MODEL_COPIES[key] for key in ("model", "adapter") if key in MODEL_COPIES
+    key: ancient(MODEL_COPIES[key])
+    for key in ("model", "adapter")
+    if key in MODEL_COPIES
 }
-TOKENIZE_MODEL = {"model": MODEL_COPIES["tokenizer"]} if MODEL_COPIES else {}
+TOKENIZE_MODEL = {"model": ancient(MODEL_COPIES["tokenizer"])} if MODEL_COPIES else {}
 # The cost a row adds in a batch beyond its tokens (generate: max_new_tokens), which the plan balances.
 PLAN_OVERHEAD = task_class(SETTINGS.model.task).plan_overhead(SETTINGS)
 
@@ -173,7 +191,20 @@ def report_labels(labels):
 
 def every_input(patterns):
     """The paths of `patterns` (a rule's output) for every input, in the config's order."""
-    return expand(patterns, name=list(INPUTS)) if NAMED else list(patterns)
+    patterns = [as_configured(pattern) for pattern in patterns]
+    return expand(patterns, name=list(INPUTS)) if NAMED else patterns
+
+
+def as_configured(pattern):
+    """A rule's output path as its rule names it (`results/{name}/summary.json`). Without a shared
+    filesystem Snakemake hands out the local copy's path, flagged with its object in storage, which
+    expand() refuses; a plain path is mapped to storage again where it is used, as every path is.
+    """
+    stored = getattr(pattern, "flags", {}).get("storage_object")
+    if stored is None:
+        return pattern
+    prefix = (workflow.storage_settings.default_storage_prefix or "").rstrip("/")
+    return stored.query.removeprefix(f"{prefix}/")
 
 
 wildcard_constraints:

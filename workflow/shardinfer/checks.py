@@ -10,7 +10,7 @@ from pathlib import Path
 
 from shardinfer.config import InputSettings, Settings
 from shardinfer.errors import UserError
-from shardinfer.input.discovery import GLOB_CHARACTERS, missing_input
+from shardinfer.input.discovery import missing_input
 from shardinfer.input.formats import format_named
 from shardinfer.input.shard_bound import check_shard_count
 from shardinfer.proof.shard_file import INDEX_COLUMN
@@ -80,15 +80,9 @@ def check_writable(folders: tuple[str, ...] = ("results", "logs")) -> None:
 
 
 def check_storage_inputs(config: dict) -> None:
-    """Without a shared filesystem (a default storage provider), each input is one file in the bucket:
-    this process cannot list a folder or glob there. And every input has the same number of shards,
-    since the plan rule declares one cut per shard as its outputs (shardinfer.input.shard_cuts)."""
+    """Without a shared filesystem (a default storage provider), every input has the same number of
+    shards, since the plan rule declares one cut per shard as its outputs (shardinfer.input.shard_cuts)."""
     inputs = {None: config["input"]} if "input" in config else config["inputs"]
-    for name, inp in inputs.items():
-        path, key = str(inp["path"]), "input.path" if name is None else f"inputs.{name}.path"
-        if any(c in path for c in GLOB_CHARACTERS) or path.endswith("/"):
-            raise UserError(f"{key} `{path}` is a glob or folder; without a shared filesystem (a default storage "
-                            "provider) give one file, in the bucket under the storage prefix")
     task = config["model"]["task"]
     if task in TASKS and may_write_files(task):
         raise UserError(f"task {task} may write files per row into a folder per shard, which a bucket cannot hold "

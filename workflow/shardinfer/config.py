@@ -156,19 +156,27 @@ def job_settings(params: dict, config: dict) -> Settings:
     return Settings.from_dict({**params, "batch": config["batch"]})
 
 
-def settings_by_input(config: dict, auto_shards: int | None = None) -> dict[str | None, Settings]:
+def settings_by_input(config: dict, auto_shards: int | None = None,
+                      listed: dict[str, list[str]] | None = None) -> dict[str | None, Settings]:
     """The settings of each input of a validated config, by name: `{None: ...}` for its one `input`,
     `{name: ...}` for each of its `inputs`, in the config's order. `auto_shards`: what `shards: auto`
-    resolved to on this machine (`shardinfer.auto_shards`)."""
+    resolved to on this machine (`shardinfer.auto_shards`); `listed`: see `settings_from_config`."""
     if "inputs" not in config:
-        return {None: settings_from_config(config, auto_shards=auto_shards)}
-    return {name: settings_from_config(config, name, auto_shards) for name in config["inputs"]}
+        return {None: settings_from_config(config, auto_shards=auto_shards, listed=listed)}
+    return {name: settings_from_config(config, name, auto_shards, listed) for name in config["inputs"]}
 
 
-def settings_from_config(config: dict, name: str | None = None, auto_shards: int | None = None) -> Settings:
+def input_paths(config: dict) -> list[str]:
+    """`input.path`, or each of the `inputs`' paths."""
+    return [config["input"]["path"]] if "input" in config else [inp["path"] for inp in config["inputs"].values()]
+
+
+def settings_from_config(config: dict, name: str | None = None, auto_shards: int | None = None,
+                         listed: dict[str, list[str]] | None = None) -> Settings:
     """Build settings from a config that the schema has validated and filled with defaults: for its
     `input`, or for the input `name` of its `inputs` (with that input's own `shards`, if it has one).
-    `auto_shards`: the count `shards: auto` stands for (None: `auto` is refused)."""
+    `auto_shards`: the count `shards: auto` stands for (None: `auto` is refused). `listed`: without a
+    shared filesystem, the object names in the bucket under each input path (`discovery.listing_root`)."""
     inp, model = config["input"] if name is None else config["inputs"][name], config["model"]
     shards = inp.get("shards", config["shards"])
     if shards == AUTO:
@@ -177,7 +185,7 @@ def settings_from_config(config: dict, name: str | None = None, auto_shards: int
         shards = auto_shards
     if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
         raise UserError(f"config `shards` must be an integer >= 1 or `auto`; got {shards!r}")
-    fmt, parts = resolve_input(inp["path"], inp["format"], inp["split"])
+    fmt, parts = resolve_input(inp["path"], inp["format"], inp["split"], None if listed is None else listed[inp["path"]])
     reads = task_class(model["task"]).inputs(inp, dict(config.get(model["task"]) or {})) if model["task"] in TASKS else None
     return Settings(
         input=InputSettings(

@@ -13,12 +13,13 @@ On a shared filesystem none of this runs: every job reads model.path itself. Tor
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import json
 import os
 import shutil
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,11 +35,14 @@ STAGED_DIR = "results/model/{key}"
 class ModelFiles:
     """What the jobs' rules and digests take of the model's folders: `model` and `adapter` are
     directory fingerprints ([name, size, mtime_ns] per file, `settings_digest.directory_fingerprint`),
-    `tokenizer` what the tokenizer digest reads of model.path (None: no token files are made ahead)."""
+    `tokenizer` what the tokenizer digest reads of model.path (None: no token files are made ahead),
+    `paths` model.path and model.adapter as the main process resolved them (a `pkg:` path to the
+    package's folder there)."""
 
     model: list
     adapter: list
     tokenizer: dict | None
+    paths: list
 
     @classmethod
     def of(cls, settings: Settings) -> ModelFiles:
@@ -48,11 +52,12 @@ class ModelFiles:
         tokenizer = tokenizer_facts(model.path, model.trust_remote_code) if settings.tokenize_ahead else None
         model_files, adapter_files = ([list(entry) for entry in directory_fingerprint(path)]  # as JSON has them
                                       for path in (model.path, model.adapter))
-        return cls(model_files, adapter_files, tokenizer)
+        return cls(model_files, adapter_files, tokenizer, [model.path, model.adapter])
 
     def key(self) -> str:
-        """The staged folder's name: another model (or adapter) is another folder."""
-        facts = json.dumps([self.model, self.adapter], sort_keys=True)
+        """The staged folder's name: another model (or adapter), or the same files at another path,
+        is another folder."""
+        facts = json.dumps([self.paths, self.model, self.adapter], sort_keys=True)
         return hashlib.sha256(facts.encode()).hexdigest()[:16]
 
     def staged(self, trust_remote_code: bool = False) -> dict[str, list[str]]:
@@ -76,19 +81,29 @@ class ModelFiles:
             os.path.join(model.adapter, entry[0]) for entry in self.adapter]
 
 
-def hand_on(settings: Settings, is_main_process: bool, env: MutableMapping[str, str] = os.environ) -> ModelFiles:
-    """The main process reads the folders and hands the facts on in HANDED_VAR; a job, whose node
-    may lack the folders, takes them as handed."""
-    if is_main_process:
-        files = ModelFiles.of(settings)
-        if not files.model:
-            raise UserError(f"model.path `{settings.model.path}` has no files to send to storage")
-        env[HANDED_VAR] = json.dumps(dataclasses.asdict(files))
-        return files
+def hand_on(settings: Settings, env: MutableMapping[str, str] = os.environ) -> ModelFiles:
+    """The main process reads the folders and hands the facts on in HANDED_VAR (JSON in base64, so
+    that no name or path needs quoting on the way)."""
+    files = ModelFiles.of(settings)
+    if not files.model:
+        raise UserError(f"model.path `{settings.model.path}` has no files to send to storage")
+    env[HANDED_VAR] = base64.b64encode(json.dumps(dataclasses.asdict(files)).encode()).decode()
+    return files
+
+
+def handed(env: Mapping[str, str] = os.environ) -> ModelFiles:
+    """What a job, whose node may lack the folders, takes of the model: the main process's facts."""
     if HANDED_VAR not in env:
         raise UserError(f"{HANDED_VAR} is not set: without a shared filesystem a job takes the model's files "
                         "from the main Snakemake process, whose executor passes its environment on")
-    return ModelFiles(**json.loads(env[HANDED_VAR]))
+    return ModelFiles(**json.loads(base64.b64decode(env[HANDED_VAR])))
+
+
+def with_handed_paths(config: dict, files: ModelFiles) -> dict:
+    """The config with model.path and model.adapter as the main process resolved them: a job's node
+    may lack a `pkg:` model's package, or hold it elsewhere, and the path enters the digests, which
+    must be the main process's."""
+    return {**config, "model": {**config["model"], "path": files.paths[0], "adapter": files.paths[1]}}
 
 
 def stage(sources: list[str], copies: list[str]) -> None:

@@ -16,16 +16,22 @@ sorted by path (code point order, as `sorted` and `LC_ALL=C ls` give it) and row
 across them in that order, so zero-padded part numbers (`part-00007`) keep the writer's order.
 All parts must share one format. A folder laid out in a format's own way (a Hugging Face
 `save_to_disk` folder) gives the parts that format lists, in its order (`Format.folder_parts`).
+
+Without a shared filesystem the input lies in a bucket, which this process cannot walk: the
+Snakefile lists the object names under the path's literal folder (`listing_root`) and the same
+rules pick the parts among them (`listed_input_parts`); a path with objects below it is a folder.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import os
-from pathlib import Path
+from itertools import takewhile
+from pathlib import Path, PurePosixPath
 
 from shardinfer.errors import UserError
-from shardinfer.input.formats import extensions, folder_format, format_named, format_of
+from shardinfer.input.formats import all_formats, extensions, folder_format, format_named, format_of
 
 GLOB_CHARACTERS = "*?["
 
@@ -94,12 +100,82 @@ def input_parts(path: str) -> tuple[str, ...]:
     if os.path.isdir(path):
         laid_out = folder_format(path, None)
         return laid_out[1] if laid_out else _folder_parts(path)
-    if any(c in path for c in GLOB_CHARACTERS) and not os.path.exists(path):
+    if is_glob(path) and not os.path.exists(path):
         parts = _matches(path)
         if not parts:
             raise UserError(f"input.path `{path}` matches no files (names starting with `.` or `_` are skipped)")
         return tuple(sorted(set(parts)))
     return (path,)
+
+
+def is_glob(path: str) -> bool:
+    return any(c in path for c in GLOB_CHARACTERS)
+
+
+def listing_root(path: str) -> str:
+    """The literal folder a bucket is listed under for `path`: the path itself for a folder or a file
+    (objects below it make it a folder), the folders before the first wildcard for a glob (`data`
+    for `data/*/part-*.csv`; "" for the prefix's top)."""
+    if not is_glob(path):
+        return path.rstrip("/")
+    return "/".join(takewhile(lambda part: not is_glob(part), PurePosixPath(path).parts[:-1]))
+
+
+def _glob_matches(pattern: list[str], name: list[str]) -> bool:
+    """A path's parts against a glob's, as `glob.glob(recursive=True)` matches: `**` any number of folders."""
+    if not pattern:
+        return not name
+    if pattern[0] == "**":
+        return any(_glob_matches(pattern[1:], name[i:]) for i in range(len(name) + 1))
+    return bool(name) and fnmatch.fnmatchcase(name[0], pattern[0]) and _glob_matches(pattern[1:], name[1:])
+
+
+def _listed_matches(pattern: str, names: list[str]) -> list[str]:
+    """A glob's matches among object names: a name it matches, or a table file below a folder it
+    matches; skipped names below the pattern's literal folders passed over, as on disk."""
+    glob_parts = list(PurePosixPath(pattern).parts)
+    depth = len(PurePosixPath(listing_root(pattern)).parts) if listing_root(pattern) else 0
+    found = []
+    for name in names:
+        parts = list(PurePosixPath(name).parts)
+        if any(_skipped(part) for part in parts[depth:]):
+            continue
+        if _glob_matches(glob_parts, parts) or (format_of(name) and any(
+                _glob_matches(glob_parts, parts[:k]) for k in range(depth + 1, len(parts)))):
+            found.append(name)
+    return found
+
+
+def _refuse_laid_out(path: str, names: list[str]) -> None:
+    folder = path.rstrip("/")
+    for fmt in all_formats().values():
+        marker = next((m for m in fmt.folder_markers if f"{folder}/{m}" in names), None)
+        if marker:
+            raise UserError(f"input.path `{path}` in the bucket holds `{marker}`: a {fmt.name} folder, which is "
+                            f"read only from a filesystem; without a shared filesystem give its table files "
+                            f"(a glob of them, with input.format) or convert it to Parquet")
+
+
+def listed_input_parts(path: str, names: list[str]) -> tuple[str, ...]:
+    """The input's parts in row order among `names`, the objects listed under `listing_root(path)`
+    in a bucket (no shared filesystem), by the rules a filesystem gets (module docstring)."""
+    if is_glob(path):
+        parts = _listed_matches(path, names)
+        if not parts:
+            raise UserError(f"input.path `{path}` matches no objects in the bucket (names starting with `.` or `_` "
+                            "are skipped)")
+        return tuple(sorted(set(parts)))
+    folder = path.rstrip("/")
+    if not names:
+        return (folder,)  # one object (or none: Snakemake says it is missing)
+    _refuse_laid_out(path, names)
+    parts = [name for name in names if format_of(name) and not any(
+        _skipped(part) for part in PurePosixPath(name).relative_to(folder).parts)]
+    if not parts:
+        raise UserError(f"input.path `{path}` is a folder in the bucket with no table files ({allowed_extensions()}, "
+                        f"csv, tsv and jsonl also .gz); for parts without such an extension give a glob such as "
+                        f"`{folder}/part-*` and set input.format")
+    return tuple(sorted(set(parts)))
 
 
 def one_format(path: str, parts: tuple[str, ...], fmt: str) -> str:
@@ -120,10 +196,15 @@ def one_format(path: str, parts: tuple[str, ...], fmt: str) -> str:
     return first[1] if fmt == "auto" else fmt
 
 
-def resolve_input(path: str, fmt: str = "auto", split: str | None = None) -> tuple[str, tuple[str, ...]]:
+def resolve_input(path: str, fmt: str = "auto", split: str | None = None,
+                  listed: list[str] | None = None) -> tuple[str, tuple[str, ...]]:
     """The input's format and its files in row order (see the module's docstring). A folder laid
     out in a format's own way (a Hugging Face dataset, `split` naming one of a DatasetDict's) is
-    that format's, whatever its files' names say."""
+    that format's, whatever its files' names say. `listed`: the object names under the path in a
+    bucket (no shared filesystem), from which the parts are picked instead of from the filesystem."""
+    if listed is not None:
+        parts = listed_input_parts(path, listed)
+        return one_format(path, parts, fmt), parts
     laid_out = folder_format(path, split) if os.path.isdir(path) else None
     if laid_out:
         return laid_out[0].name, laid_out[1]

@@ -180,6 +180,9 @@ def prove(plan: Plan, shard_paths: list[str], inp: InputSettings, digest: str,
     if len(folders) != plan.shards:
         raise ProofError(f"gather got {len(folders)} files folders but the plan has {plan.shards} shards")
     for part, path in zip(plan.parts, local_parts or [part.path for part in plan.parts]):
+        if not f"/{Path(path).as_posix()}".endswith(f"/{part.path}"):  # a storage copy's path ends with its name
+            raise ProofError(f"gather got input part `{path}` where the plan has `{part.path}`: the input's parts "
+                             "changed since planning; rerun the plan")
         check_part(plan, part, inp, path)
     shards = [prove_shard(plan, i, path, digest, folder) for i, (path, folder) in enumerate(zip(shard_paths, folders))]
     refuse_stray_files(shard_paths)

@@ -65,6 +65,9 @@ class Format:
     extensions: ClassVar[tuple[str, ...]] = ()  # lower case, with the dot
     compressible: ClassVar[bool] = False  # names may end in .gz, .bz2, .lz4, .zst (read through a decompressor)
     staged_suffix: ClassVar[str | None] = None  # its staged copies' suffix; None: never staged
+    # Files whose presence at a folder's top lays the folder out in this format's own way
+    # (`folder_parts`); in a bucket, where only names are listed, such a folder is refused.
+    folder_markers: ClassVar[tuple[str, ...]] = ()
 
     @contextmanager
     def reading(self, path: str) -> Iterator[None]:

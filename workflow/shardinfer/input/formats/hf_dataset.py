@@ -44,6 +44,7 @@ class HfDataset(Arrow):
 
     name = "hf_dataset"
     extensions = ()  # found by its folder, not by a file's name
+    folder_markers = (STATE, SPLITS)
 
     def folder_parts(self, folder: str, split: str | None) -> tuple[str, ...] | None:
         if os.path.isfile(os.path.join(folder, SPLITS)):
