@@ -37,7 +37,7 @@ STATUS = REPO / "tests" / "storage" / "job-status"
 KEPT = ("results/predictions.parquet", "results/summary.json", "results/plan.json",
         *(f"results/cuts/{shard}.parquet" for shard in range(SHARDS)), "logs/infer/0.log")
 RUN_TIMEOUT_S = 300
-# The third run's named inputs, in the bucket under PARTS_PREFIX: `val` a folder of the ROWS rows in
+# The third run's named inputs (one shard each), in the bucket under PARTS_PREFIX: `val` a folder of the ROWS rows in
 # three Parquet parts (part names sort in row order) beside what a folder's listing passes over;
 # `test` a glob of the first TEST_ROWS rows in two JSONL parts, beside a part the glob does not match.
 PARTS_PREFIX = "storage-parts"
@@ -125,7 +125,8 @@ class BucketRuns(threading.Thread):
 
     @staticmethod
     def parts_config() -> dict:
-        config = factory.workflow_config(INPUT, MODEL, shards=SHARDS)
+        """One shard per input: the point is which parts the listing finds, not how they are cut."""
+        config = factory.workflow_config(INPUT, MODEL, shards=1)
         del config["input"]
         config["inputs"] = {"val": {"path": "data/val/", "keep_columns": ["id", "gold"]},
                             "test": {"path": TEST_GLOB, "keep_columns": ["id", "gold"]}}

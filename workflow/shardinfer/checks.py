@@ -85,9 +85,9 @@ def check_storage_inputs(config: dict) -> None:
     inputs = {None: config["input"]} if "input" in config else config["inputs"]
     task = config["model"]["task"]
     if task in TASKS and may_write_files(task):
-        raise UserError(f"task {task} may write files per row into a folder per shard, which a bucket cannot hold "
-                        "while empty; without a shared filesystem run tasks that write no files (classify, embed, "
-                        "score, generate)")
+        raise UserError(f"task {task} may write files per row into a folder per shard (a directory() output), "
+                        "which Snakemake reports missing in storage after a job uploaded it; without a shared "
+                        "filesystem run tasks that write no files (classify, embed, score, generate)")
     counts = {name: inp.get("shards", config["shards"]) for name, inp in inputs.items()}
     if len(set(map(str, counts.values()))) > 1:
         raise UserError(f"inputs have different `shards` ({counts}); without a shared filesystem give them one "
