@@ -1,7 +1,7 @@
 """The runs of tests/test_storage.py against the bucket, made in a background thread: the first one
 (which must succeed, and equal a shared-filesystem run), the second (a forced replan, with the
-input object changed while the shards run, which gather must refuse), and a third over named
-inputs whose parts the bucket's listing finds (a folder of Parquet parts, a glob of JSONL ones). What
+input object changed while the shards run, which gather must refuse), and a third over a named
+input whose parts the bucket's listing finds (a folder of Parquet parts). What
 the tests read of each is kept as it was right after it (its terminal, its objects, its job
 folders), since the second run removes the first's table.
 
@@ -37,18 +37,16 @@ STATUS = REPO / "tests" / "storage" / "job-status"
 KEPT = ("results/predictions.parquet", "results/summary.json", "results/plan.json",
         *(f"results/cuts/{shard}.parquet" for shard in range(SHARDS)), "logs/infer/0.log")
 RUN_TIMEOUT_S = 300
-# The third run's named inputs (one shard each), in the bucket under PARTS_PREFIX: `val` a folder of the ROWS rows in
-# three Parquet parts (part names sort in row order) beside what a folder's listing passes over;
-# `test` a glob of the first TEST_ROWS rows in two JSONL parts, beside a part the glob does not match.
+# The third run's named input `val` (one shard), in the bucket under PARTS_PREFIX: a folder of the ROWS
+# rows in three Parquet parts (part names sort in row order), beside what a folder's listing passes
+# over. (A glob's listing is checked against the filesystem's in tests/test_parts.py, and against this
+# server by a refusal in tests/test_storage.py.)
 PARTS_PREFIX = "storage-parts"
 VAL_PARTS = {"data/val/part-0.parquet": (0, 400), "data/val/part-1.parquet": (400, 700),
              "data/val/sub/part-2.parquet": (700, ROWS)}
-TEST_ROWS, TEST_GLOB = 300, "data/test/part-*.jsonl"
-TEST_PARTS = {"data/test/part-0.jsonl": (0, 100), "data/test/part-1.jsonl": (100, TEST_ROWS)}
 PASSED_OVER = {"data/val/_SUCCESS": (0, 0), "data/val/README.md": (0, 0), "data/val/_temporary/part-9.parquet": (0, 5),
-               "data/test/other.jsonl": (0, 5)}
-PARTS_KEPT = tuple(f"results/{name}/{path}" for name in ("val", "test")
-                   for path in ("predictions.parquet", "summary.json", "plan.json"))
+               "data/val.jsonl": (0, 5)}
+PARTS_KEPT = tuple(f"results/val/{path}" for path in ("predictions.parquet", "summary.json", "plan.json"))
 
 
 class BucketRun:
@@ -116,7 +114,7 @@ class BucketRuns(threading.Thread):
         s3.put(self.bucket.key(INPUT), factory.write_input(self.frame, root / "upload" / "input.parquet").read_bytes())
         self.changed_input = root / "changed" / "input.parquet"
         self.parts = BucketRun(s3, models, root / "parts-clone", root / "parts-jobs", self.parts_config(), PARTS_PREFIX)
-        for key, (start, stop) in {**VAL_PARTS, **TEST_PARTS, **PASSED_OVER}.items():
+        for key, (start, stop) in {**VAL_PARTS, **PASSED_OVER}.items():
             local = factory.write_input(self.frame.iloc[start:stop], root / "upload" / PARTS_PREFIX / key)
             s3.put(self.parts.key(key), local.read_bytes() if stop else b"written by hand")
         self.results: dict[str, Finished] = {}
@@ -125,11 +123,10 @@ class BucketRuns(threading.Thread):
 
     @staticmethod
     def parts_config() -> dict:
-        """One shard per input: the point is which parts the listing finds, not how they are cut."""
+        """One shard: the point is which parts the listing finds, not how they are cut."""
         config = factory.workflow_config(INPUT, MODEL, shards=1)
         del config["input"]
-        config["inputs"] = {"val": {"path": "data/val/", "keep_columns": ["id", "gold"]},
-                            "test": {"path": TEST_GLOB, "keep_columns": ["id", "gold"]}}
+        config["inputs"] = {"val": {"path": "data/val/", "keep_columns": ["id", "gold"]}}
         return config
 
     def run(self) -> None:

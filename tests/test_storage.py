@@ -1,6 +1,6 @@
 """Without a shared filesystem: the input only in a bucket of a real S3-compatible server, every job
 in an empty folder of its own, and the table in the bucket equal to a shared-filesystem run's; also
-named inputs whose parts are found by listing a folder and a glob in the bucket.
+a named input whose parts are found by listing a folder in the bucket.
 
 The server is SeaweedFS on localhost (tests/storage/start-s3, the `s3` fixture). The runs
 (tests/bucket_runs.py, made in the background: the `bucket_runs` fixture) use the shipped profiles/s3 with the cluster-generic executor, whose submit command
@@ -29,7 +29,7 @@ import yaml
 import factory
 import plugins
 import s3_server
-from bucket_runs import INPUT, MODEL, ROWS, SHARDS, TEST_PARTS, TEST_ROWS, VAL_PARTS
+from bucket_runs import INPUT, MODEL, ROWS, SHARDS, VAL_PARTS
 from test_workflow import assert_same_rows
 
 
@@ -123,32 +123,26 @@ def test_a_part_changed_in_the_bucket_after_planning_is_refused_at_gather_and_no
     assert refused.objects["results/summary.json"] is None
 
 
-def test_a_folder_and_a_glob_in_the_bucket_are_their_listed_parts_and_equal_a_shared_filesystem_run(
+def test_a_folder_in_the_bucket_is_its_listed_parts_and_a_named_input_equals_a_shared_filesystem_run(
         bucket_runs, s3, classify_runs):
-    """Named inputs whose parts the bucket's listing finds, as a filesystem's would: `val` a folder of
-    Parquet parts (markers, a README and a `_temporary` part passed over), `test` a glob of JSONL parts
-    (another object in the folder not matched). Each table equals the shared-filesystem run's rows."""
+    """A named input whose parts the bucket's listing finds, as a filesystem's would: a folder of
+    Parquet parts, with markers, a README, a `_temporary` part and a file beside the folder passed
+    over. Its table equals the shared-filesystem run's, row for row."""
     listed, key = bucket_runs.listed_parts(), bucket_runs.parts.key
     assert listed.returncode == 0, listed.terminal[-6000:]
-    want = classify_runs(ROWS, 1).predictions
     val = bucket_runs.read_parquet(listed, "results/val/predictions.parquet")
-    assert_same_rows(val, want, float_columns={"probs"})
-    test = bucket_runs.read_parquet(listed, "results/test/predictions.parquet")
-    assert_same_rows(test, want.iloc[:TEST_ROWS], float_columns={"probs"})
-    for name, parts in (("val", VAL_PARTS), ("test", TEST_PARTS)):
-        plan = json.loads(listed.objects[f"results/{name}/plan.json"])
-        assert [part["path"] for part in plan["input"]["parts"]] == list(parts)  # the objects, in row order
-        assert json.loads(listed.objects[f"results/{name}/summary.json"])["rows"] == max(b for _, b in parts.values())
-        # gather downloads and proves the planned parts; each shard job reads its own cut only
-        gather = next(block for block in listed.terminal.split("rule gather:")[1:] if f"name={name}" in block)
-        downloaded = re.findall(r"s3://\S+", re.search(r"input: (.*)", gather).group(1))
-        assert sorted(url for url in downloaded if "/data/" in url) == sorted(s3.url(key(part)) for part in parts)
+    assert_same_rows(val, classify_runs(ROWS, 1).predictions, float_columns={"probs"})
+    plan = json.loads(listed.objects["results/val/plan.json"])
+    assert [part["path"] for part in plan["input"]["parts"]] == list(VAL_PARTS)  # the objects, in row order
+    assert json.loads(listed.objects["results/val/summary.json"])["rows"] == ROWS
+    # gather downloads and proves the planned parts; the shard job reads its own cut only
+    gather = listed.terminal.split("rule gather:")[1]
+    downloaded = re.findall(r"s3://\S+", re.search(r"input: (.*)", gather).group(1))
+    assert sorted(url for url in downloaded if "/data/" in url) == sorted(s3.url(key(part)) for part in VAL_PARTS)
     shard_jobs = listed.terminal.split("rule infer:")[1:]
-    assert len(shard_jobs) == 2  # one shard per input
-    for block in shard_jobs:
-        reads = re.findall(r"s3://\S+", re.search(r"input: (.*)", block).group(1))
-        assert [url for url in reads if "/results/" in url and "/cuts/" in url], reads
-        assert not [url for url in reads if "/data/" in url], reads
+    assert len(shard_jobs) == 1
+    reads = re.findall(r"s3://\S+", re.search(r"input: (.*)", shard_jobs[0]).group(1))
+    assert [url for url in reads if "/results/val/cuts/" in url] and not [url for url in reads if "/data/" in url]
 
 
 def test_a_glob_that_matches_no_object_is_refused_in_one_line_when_the_snakefile_loads(s3, models, tmp_path):
