@@ -25,4 +25,5 @@ run_job(
     evaluate=EvaluateSettings(**snakemake.params.evaluate),
     # Without a shared filesystem, the job's copies of the input's parts (proven by content).
     local_parts=snakemake.input.get("parts") and list(snakemake.input.parts),
+    part_names=list(snakemake.params.part_names),
 )

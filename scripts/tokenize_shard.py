@@ -15,14 +15,16 @@ from shardinfer.config import settings_from_config  # noqa: E402
 from shardinfer.jobs import run_job  # noqa: E402
 from shardinfer.plan import read_plan  # noqa: E402
 from shardinfer.shard.tokens import TokenizeJob, run_tokenize  # noqa: E402
-from shardinfer.stored_model import with_staged  # noqa: E402
+from shardinfer.stored_model import handed, with_handed_paths, with_staged  # noqa: E402
 
 # `shards: auto` stands for the count the plan was cut into. Without a shared filesystem (a cut to
-# read) the input's parts are the plan's, which it found in the bucket.
+# read) the input's parts are the plan's, which it found in the bucket, and model.path the main
+# process's (a `pkg:` model this node may lack).
 plan = read_plan(snakemake.input.plan)
 cut = snakemake.input.get("cut")
 listed = {plan.input_path: [part.path for part in plan.parts]} if cut else None
-settings = settings_from_config(snakemake.config, snakemake.wildcards.get("name"), plan.shards, listed)
+config = with_handed_paths(snakemake.config, handed()) if cut else snakemake.config
+settings = settings_from_config(config, snakemake.wildcards.get("name"), plan.shards, listed)
 job = TokenizeJob(
     # Without a shared filesystem, the tokenizer is where its copies were downloaded.
     settings=with_staged(settings, snakemake.input.get("model")),

@@ -359,7 +359,7 @@ def resolved_or_refused(path: str, fmt: str, listed: list[str] | None = None):
 @pytest.mark.parametrize("path, fmt", [
     ("export", "auto"), ("export/", "auto"), ("export/*.parquet", "auto"), ("export/**/part-*.parquet", "auto"),
     ("export/*", "auto"), ("*/a", "auto"), ("part-*.csv*", "auto"), ("**/part-0*.csv", "auto"),
-    ("raw/part-*", "csv"), ("part-01.csv", "auto"),
+    ("raw/part-*", "csv"), ("part-01.csv", "auto"), ("export/*/", "auto"),
 ])
 def test_a_bucket_listing_gives_the_parts_the_filesystem_gives(tmp_path, monkeypatch, path, fmt):
     """Without a shared filesystem the parts are picked among the object names listed under the
@@ -373,8 +373,10 @@ def test_a_bucket_listing_gives_the_parts_the_filesystem_gives(tmp_path, monkeyp
     root = listing_root(path)
     listed = [name for name in TREE if name.startswith(f"{root}/") or not root]
     assert resolved_or_refused(path, fmt, listed) == resolved_or_refused(path, fmt)
-    # a listing has no folders of its own: a folder with no objects below it is one object
+    # a listing has no folders of its own: a folder with no objects below it is one object, and so is
+    # a listing of the object itself (a tokenize job's, from the plan), whatever its name
     assert resolve_input("data/input.parquet", listed=[]) == ("parquet", ("data/input.parquet",))
+    assert resolve_input("data/rows.txt", "csv", listed=["data/rows.txt"]) == ("csv", ("data/rows.txt",))
 
 
 @pytest.mark.parametrize("path, listed, message", [
@@ -388,3 +390,14 @@ def test_a_listing_that_gives_no_parts_is_refused_in_one_line(path, listed, mess
     with pytest.raises(UserError, match=message) as caught:
         resolve_input(path, listed=listed)
     assert "\n" not in str(caught.value)
+
+
+def test_a_listing_is_of_object_names_as_snakemake_normalizes_them():
+    """Snakemake normalizes every object's name (`./data/x` is `data/x`): so does the listing's root,
+    and the parts are the objects' own names."""
+    from shardinfer.input.discovery import listing_root
+
+    assert listing_root("./export/") == "export" and listing_root("./export/*.parquet") == "export"
+    names = ["export/a.parquet", "export/b/c.parquet"]
+    assert resolve_input("./export/", listed=names) == ("parquet", tuple(names))
+    assert resolve_input("./export//*.parquet", listed=names) == ("parquet", ("export/a.parquet",))

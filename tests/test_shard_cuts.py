@@ -9,7 +9,7 @@ import pytest
 
 from factory import gzipped, input_frame, write_input
 from factory import input_settings as settings_for
-from shardinfer.errors import UserError
+from shardinfer.errors import ProofError, UserError
 from shardinfer.plan import make_plan, read_plan, write_plan
 
 SHARDS = 5
@@ -74,18 +74,23 @@ def test_parts_named_as_configured_plan_alike_wherever_their_copies_were(tmp_pat
 
 
 def test_gather_refuses_downloaded_parts_other_than_the_planned_ones(tmp_path):
-    """Each job lists the bucket again: a gather job whose listing found other parts (one renamed or
-    added since planning) gets copies named otherwise, and refuses them before reading any."""
-    from shardinfer.errors import ProofError
+    """Each job lists the bucket again: a gather job whose listing found other parts (one renamed,
+    added or removed since planning) refuses them before reading any."""
     from shardinfer.proof.gather import prove
 
     frame = input_frame(40)
     copies = [write_input(frame.iloc[a:b], tmp_path / "dl" / "s3" / "bucket" / "run" / "data" / name)
               for name, (a, b) in (("part-0.parquet", (0, 20)), ("part-1.parquet", (20, 40)))]
-    names = ("data/part-0.parquet", "data/part-1.parquet")
+    names = ["data/part-0.parquet", "data/part-1.parquet"]
     read = dataclasses.replace(settings_for(copies[0]), path="data/", parts=tuple(map(str, copies)))
-    plan = make_plan(read, 2, 32).named_as(names)
-    renamed = copies[1].rename(copies[1].with_name("part-2.parquet"))
-    with pytest.raises(ProofError, match=r"gather got input part `.*/data/part-2.parquet` where the plan has "
-                                         r"`data/part-1.parquet`: the input's parts changed since planning"):
-        prove(plan, ["0.parquet", "1.parquet"], read, "digest", local_parts=[str(copies[0]), str(renamed)])
+    plan = make_plan(read, 2, 32).named_as(tuple(names))
+    shards = ["0.parquet", "1.parquet"]
+    with pytest.raises(UserError, match=r"input `data/`: `data/part-2.parquet` is not a part of the plan \(added or "
+                                        r"renamed since planning"):
+        prove(plan, shards, read, "digest", local_parts=list(map(str, copies)),
+              part_names=["data/part-0.parquet", "data/part-2.parquet"])
+    with pytest.raises(UserError, match=r"input `data/part-1.parquet` has disappeared since planning"):
+        prove(plan, shards, read, "digest", local_parts=list(map(str, copies[:1])), part_names=names[:1])
+    # the planned names pass on to the shards' proof (here: no shard files)
+    with pytest.raises(ProofError, match=r"shard 0 \(`0.parquet`\): file is missing"):
+        prove(plan, shards, read, "digest", local_parts=list(map(str, copies)), part_names=names)

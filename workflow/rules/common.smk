@@ -125,7 +125,8 @@ def load_inputs(config):
 def listed_in_bucket(config):
     """Without a shared filesystem, the objects under each input path in the bucket, among which
     its parts are picked (a folder or glob, as on disk); None on a shared filesystem. Each job lists
-    again: gather refuses parts other than the plan's."""
+    again when it parses the Snakefile (one request per 1,000 objects); gather refuses a listing
+    whose parts are not the plan's."""
     if not STORAGE:
         return None
     provider = workflow.storage_registry.default_storage_provider
@@ -234,6 +235,7 @@ PLAN_READS = (
 )
 # Gather proves the input by its content digest: without a shared filesystem, its downloaded parts.
 GATHER_READS = {"parts": input_value("files")} if STORAGE else {"staged": STAGED_DIR}
+GATHER_PART_NAMES = input_value("files") if STORAGE else []
 # The gather job's outputs: the final table and its summary.
 GATHERED = {
     "predictions": named_path("results/predictions.parquet"),

@@ -22,5 +22,8 @@ rule gather:
         evaluate=input_value("evaluate"),
         # Only a rerun trigger: a copied or rewritten input is checked again by its content digest.
         input_identity=input_value("identity"),
+        # Without a shared filesystem, the parts' names as this job's listing of the bucket found
+        # them (input `parts` are their local copies), which must be the planned ones.
+        part_names=GATHER_PART_NAMES,
     script:
         "../../scripts/gather.py"

@@ -30,7 +30,7 @@ def bucket_listing(provider, prefix: str, paths: list[str]) -> dict[str, list[st
         for path in paths:
             if is_glob(path) or path.endswith("/"):
                 name = type(provider).__module__.removeprefix("snakemake_storage_plugin_")
-                raise UserError(f"input.path `{path}` is a glob or folder: listing one in the bucket needs the s3 "
+                raise UserError(f"input path `{path}` is a glob or folder: listing one in the bucket needs the s3 "
                                 f"storage provider (this run's is {name}); give one object")
         return {path: [] for path in paths}
     return {path: object_names(provider, prefix, listing_root(path)) for path in paths}

@@ -27,7 +27,7 @@ from __future__ import annotations
 import fnmatch
 import glob
 import os
-from itertools import takewhile
+import posixpath
 from pathlib import Path, PurePosixPath
 
 from shardinfer.errors import UserError
@@ -77,8 +77,7 @@ def _tables_under(folder: str) -> list[str]:
 def _matches(pattern: str) -> list[str]:
     """A glob's files; a match named like a skipped file below the pattern's literal folders is
     passed over, and a matched folder gives its table files."""
-    literal = Path(pattern).parts
-    depth = next((i for i, part in enumerate(literal) if any(c in part for c in GLOB_CHARACTERS)), len(literal))
+    depth = _literal_depth(pattern)
     found = []
     for match in glob.glob(pattern, recursive=True):
         if not any(_skipped(part) for part in Path(match).parts[depth:]):
@@ -112,13 +111,19 @@ def is_glob(path: str) -> bool:
     return any(c in path for c in GLOB_CHARACTERS)
 
 
+def _literal_depth(pattern: str) -> int:
+    """How many of a glob's folders come before its first wildcard."""
+    parts = PurePosixPath(pattern).parts
+    return next((i for i, part in enumerate(parts) if is_glob(part)), len(parts))
+
+
 def listing_root(path: str) -> str:
-    """The literal folder a bucket is listed under for `path`: the path itself for a folder or a file
-    (objects below it make it a folder), the folders before the first wildcard for a glob (`data`
-    for `data/*/part-*.csv`; "" for the prefix's top)."""
+    """The literal folder a bucket is listed under for `path`, normalized as Snakemake normalizes
+    object names: the path itself for a folder or a file (objects below it make it a folder), the
+    folders before the first wildcard for a glob (`data` for `data/*/part-*.csv`; "" for the top)."""
     if not is_glob(path):
-        return path.rstrip("/")
-    return "/".join(takewhile(lambda part: not is_glob(part), PurePosixPath(path).parts[:-1]))
+        return posixpath.normpath(path)
+    return "/".join(PurePosixPath(path).parts[:_literal_depth(path)])
 
 
 def _glob_matches(pattern: list[str], name: list[str]) -> bool:
@@ -133,21 +138,21 @@ def _glob_matches(pattern: list[str], name: list[str]) -> bool:
 def _listed_matches(pattern: str, names: list[str]) -> list[str]:
     """A glob's matches among object names: a name it matches, or a table file below a folder it
     matches; skipped names below the pattern's literal folders passed over, as on disk."""
-    glob_parts = list(PurePosixPath(pattern).parts)
-    depth = len(PurePosixPath(listing_root(pattern)).parts) if listing_root(pattern) else 0
+    glob_parts, depth = list(PurePosixPath(pattern).parts), _literal_depth(pattern)
+    folders_only = pattern.endswith("/")  # as glob.glob, whose `data/*/` matches folders alone
     found = []
     for name in names:
         parts = list(PurePosixPath(name).parts)
         if any(_skipped(part) for part in parts[depth:]):
             continue
-        if _glob_matches(glob_parts, parts) or (format_of(name) and any(
+        if (not folders_only and _glob_matches(glob_parts, parts)) or (format_of(name) and any(
                 _glob_matches(glob_parts, parts[:k]) for k in range(depth + 1, len(parts)))):
             found.append(name)
     return found
 
 
 def _refuse_laid_out(path: str, names: list[str]) -> None:
-    folder = path.rstrip("/")
+    folder = listing_root(path)
     for fmt in all_formats().values():
         marker = next((m for m in fmt.folder_markers if f"{folder}/{m}" in names), None)
         if marker:
@@ -165,8 +170,8 @@ def listed_input_parts(path: str, names: list[str]) -> tuple[str, ...]:
             raise UserError(f"input.path `{path}` matches no objects in the bucket (names starting with `.` or `_` "
                             "are skipped)")
         return tuple(sorted(set(parts)))
-    folder = path.rstrip("/")
-    if not names:
+    folder = listing_root(path)
+    if not names or names == [folder]:
         return (folder,)  # one object (or none: Snakemake says it is missing)
     _refuse_laid_out(path, names)
     parts = [name for name in names if format_of(name) and not any(

@@ -129,7 +129,13 @@ def windows(batches: Iterator[tuple[int, pa.RecordBatch]], size: int, first_size
 def check_same_parts(path: str, parts: tuple[Part, ...], split: str | None = None) -> None:
     """Refuse an input whose files are not the planned ones: `path` resolved again (a directory
     listed, a glob matched, a dataset's state read) must give the planned parts, no more and no fewer."""
-    now, planned = resolve_input(path, split=split)[1], [part.path for part in parts]
+    refuse_other_parts(path, resolve_input(path, split=split)[1], parts)
+
+
+def refuse_other_parts(path: str, now: tuple[str, ...] | list[str], parts: tuple[Part, ...]) -> None:
+    """Refuse parts `now` (the input as found again: on disk, or in a bucket's listing) that are not
+    the planned `parts`, naming the first one added or renamed, or gone, since planning."""
+    planned = [part.path for part in parts]
     known, present = set(planned), set(now)
     added = [name for name in now if name not in known]
     if added:

@@ -29,7 +29,7 @@ from shardinfer.proof.content_digest import CONTENT_KEY, ContentHasher
 from shardinfer.errors import ProofError, UserError
 from shardinfer.shard.row_files import prove_files, refuse_unlisted, staging_folder
 from shardinfer.input.identity import digest_alongside
-from shardinfer.input.parts import Part, one_file
+from shardinfer.input.parts import Part, one_file, refuse_other_parts
 from shardinfer.plan import Plan, read_plan
 from shardinfer.proof.shard_file import FILE_TYPE, IDENTITY_KEY, INDEX_COLUMN, STATS_KEY, computed
 from shardinfer.input.scan import count_rows
@@ -163,16 +163,19 @@ def refuse_stray_folders(files_folders: list[str]) -> None:
 
 
 def prove(plan: Plan, shard_paths: list[str], inp: InputSettings, digest: str,
-          files_folders: list[str] | None = None, local_parts: list[str] | None = None) -> list[ShardFile]:
+          files_folders: list[str] | None = None, local_parts: list[str] | None = None,
+          part_names: list[str] | None = None) -> list[ShardFile]:
     """Every proof that must hold before anything is written; returns the proven shards in order.
     `files_folders`: each shard's expected files folder, when the task may write files. `local_parts`:
     the job's storage copies of the parts, in the input's order (no shared filesystem), proven by
-    their content alone: a copy's path and mtime are not the original's."""
+    their content alone: a copy's path and mtime are not the original's; `part_names`: their names
+    as this job's listing of the bucket found them, which must be the planned ones."""
     if local_parts is None:
         plan.check_input_unchanged()
-    elif len(local_parts) != len(plan.parts):
-        raise ProofError(f"gather got {len(local_parts)} input parts but the plan has {len(plan.parts)}")
     else:
+        refuse_other_parts(plan.input_path, part_names or [], plan.parts)
+        if len(local_parts) != len(plan.parts):
+            raise ProofError(f"gather got {len(local_parts)} input parts but the plan has {len(plan.parts)}")
         log.info("proving the input by its content: %d part(s) downloaded from storage", len(local_parts))
     if len(shard_paths) != plan.shards:
         raise ProofError(f"gather got {len(shard_paths)} shard files but the plan has {plan.shards} shards")
@@ -180,9 +183,6 @@ def prove(plan: Plan, shard_paths: list[str], inp: InputSettings, digest: str,
     if len(folders) != plan.shards:
         raise ProofError(f"gather got {len(folders)} files folders but the plan has {plan.shards} shards")
     for part, path in zip(plan.parts, local_parts or [part.path for part in plan.parts]):
-        if not f"/{Path(path).as_posix()}".endswith(f"/{part.path}"):  # a storage copy's path ends with its name
-            raise ProofError(f"gather got input part `{path}` where the plan has `{part.path}`: the input's parts "
-                             "changed since planning; rerun the plan")
         check_part(plan, part, inp, path)
     shards = [prove_shard(plan, i, path, digest, folder) for i, (path, folder) in enumerate(zip(shard_paths, folders))]
     refuse_stray_files(shard_paths)
@@ -356,13 +356,14 @@ def refuse_no_columns(plan: Plan, task: str | None) -> None:
 
 def run_gather(plan_path: str, shard_paths: list[str], inp: InputSettings, model: dict, digest: str,
                predictions: str, summary: str, files_folders: list[str] | None = None,
-               evaluate: EvaluateSettings | None = None, local_parts: list[str] | None = None) -> dict:
+               evaluate: EvaluateSettings | None = None, local_parts: list[str] | None = None,
+               part_names: list[str] | None = None) -> dict:
     """The gather rule: prove, then write predictions and summary (both atomically), the summary with
     the table's scores against `evaluate.label_column` when set. `files_folders`: each shard's files
-    folder (results/files/<shard>) when the task may write files; `local_parts`: see `prove`."""
+    folder (results/files/<shard>) when the task may write files; `local_parts`, `part_names`: see `prove`."""
     plan = read_plan(plan_path)
     refuse_no_columns(plan, model.get("task"))
-    shards = prove(plan, shard_paths, inp, digest, files_folders, local_parts)
+    shards = prove(plan, shard_paths, inp, digest, files_folders, local_parts, part_names)
     if not plan.rows:
         log.warning("WARNING input `%s` has no rows: the table has its columns and no row", plan.input_path)
     log.info("proof holds: %d shards, %d rows, index 0..%d in order, input unchanged", plan.shards, plan.rows, plan.rows - 1)
