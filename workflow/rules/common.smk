@@ -61,6 +61,12 @@ from shardinfer.terminal import summary_lines
 STORAGE = (
     getattr(workflow.storage_settings, "default_storage_provider", None) is not None
 )
+# The default storage prefix (s3://bucket/run) without its trailing `/`; "" on a shared filesystem.
+STORAGE_PREFIX = (
+    (workflow.storage_settings.default_storage_prefix or "").rstrip("/")
+    if STORAGE
+    else ""
+)
 
 # Threads of each shard job (rule infer) and token-writing job (rule tokenize) on a GPU machine or a
 # cluster: feeding the GPU. `shards: auto` without a GPU splits the cores between shard jobs instead.
@@ -130,8 +136,7 @@ def listed_in_bucket(config):
     if not STORAGE:
         return None
     provider = workflow.storage_registry.default_storage_provider
-    prefix = workflow.storage_settings.default_storage_prefix or ""
-    return bucket_listing(provider, prefix, input_paths(config))
+    return bucket_listing(provider, STORAGE_PREFIX, input_paths(config))
 
 
 # What the jobs of each input take (shardinfer.rule_params). One input (`input:`): INPUTS is {None: ...}
@@ -204,8 +209,7 @@ def as_configured(pattern):
     stored = getattr(pattern, "flags", {}).get("storage_object")
     if stored is None:
         return pattern
-    prefix = (workflow.storage_settings.default_storage_prefix or "").rstrip("/")
-    return stored.query.removeprefix(f"{prefix}/")
+    return stored.query.removeprefix(f"{STORAGE_PREFIX}/")
 
 
 wildcard_constraints:

@@ -7,8 +7,7 @@
 def stored_at(path):
     """Where a result lies: `path` itself, or without a shared filesystem its object in storage
     (the default storage prefix before it, as Snakemake maps every input and output)."""
-    prefix = (workflow.storage_settings.default_storage_prefix or "") if STORAGE else ""
-    return f"{prefix.rstrip('/')}/{path}" if prefix else path
+    return f"{STORAGE_PREFIX}/{path}" if STORAGE_PREFIX else path
 
 
 def written_in_this_run(path):

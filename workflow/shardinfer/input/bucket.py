@@ -13,9 +13,9 @@ from shardinfer.errors import UserError
 from shardinfer.input.discovery import is_glob, listing_root
 
 
-def object_names(provider, prefix: str, folder: str) -> list[str]:
-    """The names, relative to the storage `prefix` (`s3://bucket/run`), of the objects below `folder`."""
-    top = provider.object(prefix.rstrip("/"))
+def object_names(top, folder: str) -> list[str]:
+    """The names, relative to the storage prefix (`top`: its S3 storage object), of the objects below
+    `folder`."""
     base = "" if top.key in (".", "") else f"{top.key}/"
     under = f"{base}{folder}/" if folder else base
     return sorted(item.key[len(base):] for item in top.s3bucket().objects.filter(Prefix=under)
@@ -24,13 +24,15 @@ def object_names(provider, prefix: str, folder: str) -> list[str]:
 
 def bucket_listing(provider, prefix: str, paths: list[str]) -> dict[str, list[str]]:
     """For each input path, the object names under its `listing_root` (one listing request per 1,000
-    objects). A provider that cannot list (not S3) gets an empty listing: each path is one object,
-    and a glob or a folder (a trailing `/`) is refused in one line."""
-    if not hasattr(provider.object(prefix), "s3bucket"):
+    objects), `prefix` being the storage prefix without its trailing `/`. A provider that cannot list
+    (not S3) gets an empty listing: each path is one object, and a glob or a folder (a trailing `/`)
+    is refused in one line."""
+    top = provider.object(prefix)
+    if not hasattr(top, "s3bucket"):
         for path in paths:
             if is_glob(path) or path.endswith("/"):
                 name = type(provider).__module__.removeprefix("snakemake_storage_plugin_")
                 raise UserError(f"input path `{path}` is a glob or folder: listing one in the bucket needs the s3 "
                                 f"storage provider (this run's is {name}); give one object")
         return {path: [] for path in paths}
-    return {path: object_names(provider, prefix, listing_root(path)) for path in paths}
+    return {path: object_names(top, listing_root(path)) for path in paths}

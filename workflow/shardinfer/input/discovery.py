@@ -85,12 +85,16 @@ def _matches(pattern: str) -> list[str]:
     return found
 
 
+def no_table_files(path: str, what: str, folder: str) -> UserError:
+    return UserError(f"input.path `{path}` is {what} with no table files ({allowed_extensions()}, csv, tsv and "
+                     f"jsonl also .gz); for parts without such an extension give a glob such as "
+                     f"`{os.path.join(folder, 'part-*')}` and set input.format")
+
+
 def _folder_parts(path: str) -> tuple[str, ...]:
     parts = _tables_under(path)
     if not parts:
-        raise UserError(f"input.path `{path}` is a directory with no table files ({allowed_extensions()}, csv, "
-                        f"tsv and jsonl also .gz); for parts without such an extension give a glob such as "
-                        f"`{os.path.join(path, 'part-*')}` and set input.format")
+        raise no_table_files(path, "a directory", path)
     return tuple(sorted(set(parts)))
 
 
@@ -177,9 +181,7 @@ def listed_input_parts(path: str, names: list[str]) -> tuple[str, ...]:
     parts = [name for name in names if format_of(name) and not any(
         _skipped(part) for part in PurePosixPath(name).relative_to(folder).parts)]
     if not parts:
-        raise UserError(f"input.path `{path}` is a folder in the bucket with no table files ({allowed_extensions()}, "
-                        f"csv, tsv and jsonl also .gz); for parts without such an extension give a glob such as "
-                        f"`{folder}/part-*` and set input.format")
+        raise no_table_files(path, "a folder in the bucket", folder)
     return tuple(sorted(set(parts)))
 
 
