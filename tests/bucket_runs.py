@@ -101,7 +101,8 @@ class Finished:
 
 
 class BucketRuns(threading.Thread):
-    """Both runs, one after the other; `first()` and `refused()` wait for theirs."""
+    """The first two runs one after the other, the third beside them; `first()`, `refused()` and
+    `listed_parts()` wait for theirs."""
 
     def __init__(self, s3, models, root: Path):
         super().__init__(name="bucket runs", daemon=True)
@@ -130,15 +131,24 @@ class BucketRuns(threading.Thread):
         return config
 
     def run(self) -> None:
+        # its own prefix, clone and job folders: alongside the other two, in a thread that reads its terminal
+        parts = threading.Thread(target=self.run_parts, name="bucket parts run", daemon=True)
+        parts.start()
         try:
             self.results["first"] = self.finished(self.bucket, self.bucket.start(), KEPT)
             self.first_done.set()
             self.results["refused"] = self.change_input_while_the_shards_run()
-            self.results["parts"] = self.finished(self.parts, self.parts.start(), PARTS_KEPT)
         except BaseException as error:  # re-raised in the test that waits for it
             self.error = error
         finally:
             self.first_done.set()
+            parts.join(timeout=2 * RUN_TIMEOUT_S)
+
+    def run_parts(self) -> None:
+        try:
+            self.results["parts"] = self.finished(self.parts, self.parts.start(), PARTS_KEPT)
+        except BaseException as error:
+            self.error = error
 
     def finished(self, bucket: BucketRun, process: subprocess.Popen, kept: tuple[str, ...]) -> Finished:
         terminal, _ = process.communicate(timeout=RUN_TIMEOUT_S)

@@ -2,6 +2,7 @@
 test modules read (each end-to-end run costs seconds of Snakemake and torch start-up, so a run that
 only needs reading is made once per session)."""
 
+import compileall
 import os
 import sys
 from dataclasses import dataclass
@@ -17,6 +18,10 @@ sys.path.insert(0, str(REPO / "tests"))
 import factory  # noqa: E402
 import s3_server  # noqa: E402
 
+# The workflow's package byte-compiled once: where PYTHONDONTWRITEBYTECODE is set (as on CI's machine),
+# each of the suite's hundreds of Snakemake processes and jobs would compile it again (~0.3 s each).
+compileall.compile_dir(REPO / "workflow" / "shardinfer", quiet=1)
+
 
 @pytest.fixture(scope="session")
 def models(tmp_path_factory) -> factory.TinyModels:
@@ -31,22 +36,33 @@ class FinishedRun:
     terminal: str  # what the user saw: stdout and stderr
 
 
+# The (rows, shards) the suite's modules ask `classify_runs` for: the first request makes them all.
+SHARED_CLASSIFY_RUNS = ((1000, 1), (1000, 4), (2, 4))
+
+
 @pytest.fixture(scope="session")
 def classify_runs(models, tmp_path_factory):
     """`classify_runs(rows, shards)`: one finished classify run per (rows, shards), each in its own
-    working directory, made on first use and shared by every test that only reads it."""
+    working directory, made on first use (all of SHARED_CLASSIFY_RUNS at once) and shared by every
+    test that only reads it."""
     cache: dict[tuple[int, int], FinishedRun] = {}
 
-    def finished(rows: int, shards: int) -> FinishedRun:
-        if (rows, shards) not in cache:
+    def make(wanted: list[tuple[int, int]]) -> None:
+        """The runs at once (`factory.run_workflows`): the cores one run leaves idle, the others use."""
+        runs = []
+        for rows, shards in wanted:
             workdir = tmp_path_factory.mktemp(f"classify-{rows}-{shards}")
             frame = factory.input_frame(rows)
             path = factory.write_input(frame, workdir / "data" / "input.parquet")
-            result = factory.run_workflow(workdir, factory.workflow_config(path, models.classifier, shards=shards),
-                                         report=True)
+            runs.append((workdir, frame, factory.workflow_config(path, models.classifier, shards=shards)))
+        results = factory.run_workflows([(workdir, config) for workdir, _, config in runs], report=True)
+        for key, (workdir, frame, _), result in zip(wanted, runs, results):
             assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-            cache[rows, shards] = FinishedRun(workdir, frame, factory.read_predictions(workdir),
-                                              result.stdout + result.stderr)
+            cache[key] = FinishedRun(workdir, frame, factory.read_predictions(workdir), result.stdout + result.stderr)
+
+    def finished(rows: int, shards: int) -> FinishedRun:
+        if (rows, shards) not in cache:
+            make([(rows, shards), *(key for key in SHARED_CLASSIFY_RUNS if key not in cache and key != (rows, shards))])
         return cache[rows, shards]
 
     return finished

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 import reference
-from factory import input_frame, prepare_workdir, read_predictions, run_workflow, workflow_config, write_input
+from factory import (input_frame, prepare_workdir, read_predictions, run_workflow, run_workflows, workflow_config,
+                     write_input)
 from test_workflow import assert_refused, assert_same_rows, run_ok
 
 BIG = {"batch": {"max_tokens": 512, "max_rows": 32, "sort_window": 256}}
@@ -52,12 +53,24 @@ def pid_writing(log: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def undisturbed(models, tmp_path_factory):
-    """A 2-shard run long enough (12,000 rows) to be killed in the middle of a shard."""
-    workdir = tmp_path_factory.mktemp("undisturbed")
-    path = write_input(input_frame(12000, seed=11), workdir / "data" / "input.parquet")
-    config = workflow_config(path, models.classifier, shards=2, **BIG)
-    return path, config, run_ok(workdir, config)
+def references(models, tmp_path_factory) -> dict[str, tuple[Path, dict]]:
+    """This module's two finished runs, made at once: `undisturbed`, a 2-shard run long enough (12,000
+    rows) to be killed in the middle of a shard, and `finished`, a short 2-shard run whose input path
+    is relative, so that a copy of its folder is a run too."""
+    undisturbed, finished = tmp_path_factory.mktemp("undisturbed"), tmp_path_factory.mktemp("finished")
+    path = write_input(input_frame(12000, seed=11), undisturbed / "data" / "input.parquet")
+    write_input(input_frame(50, seed=2), finished / "data" / "input.csv")
+    runs = {"undisturbed": (undisturbed, workflow_config(path, models.classifier, shards=2, **BIG)),
+            "finished": (finished, workflow_config("data/input.csv", models.classifier, shards=2))}
+    for result in run_workflows(list(runs.values())):
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    return runs
+
+
+@pytest.fixture(scope="module")
+def undisturbed(references):
+    workdir, config = references["undisturbed"]
+    return config["input"]["path"], config, read_predictions(workdir)
 
 
 def shard_mtimes(workdir: Path) -> dict[str, int]:
@@ -115,13 +128,8 @@ def test_kill_the_whole_snakemake_process_group_then_rerun(undisturbed, tmp_path
 
 
 @pytest.fixture(scope="module")
-def finished_once(models, tmp_path_factory):
-    """One finished 2-shard run; its input path is relative, so a copy of the folder is a run too."""
-    workdir = tmp_path_factory.mktemp("finished")
-    write_input(input_frame(50, seed=2), workdir / "data" / "input.csv")
-    config = workflow_config("data/input.csv", models.classifier, shards=2)
-    run_ok(workdir, config)
-    return workdir, config
+def finished_once(references):
+    return references["finished"]
 
 
 @pytest.fixture

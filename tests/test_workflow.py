@@ -106,18 +106,15 @@ def test_embed_three_shards_equal_one(embed_runs):
 @pytest.fixture(scope="module")
 def embed_runs(models, tmp_path_factory):
     """The same 499 rows embedded from a jsonl and a csv file, with 3 or 1 shards (3 cuts 499 unevenly)."""
-    cache = {}
-
-    def predictions(suffix: str, shards: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-        if (suffix, shards) not in cache:
-            workdir = tmp_path_factory.mktemp(f"embed-{shards}")
-            frame = input_frame(499, seed=7)
-            path = write_input(frame, workdir / "data" / f"input{suffix}")
-            cache[suffix, shards] = (run_ok(workdir, workflow_config(path, models.encoder, task="embed", shards=shards)),
-                                     frame)
-        return cache[suffix, shards]
-
-    return predictions
+    frame, runs = input_frame(499, seed=7), {}
+    for suffix, shards in ((".jsonl", 3), (".csv", 1)):  # both at once
+        workdir = tmp_path_factory.mktemp(f"embed-{shards}")
+        path = write_input(frame, workdir / "data" / f"input{suffix}")
+        runs[suffix, shards] = (workdir, workflow_config(path, models.encoder, task="embed", shards=shards))
+    for (workdir, _), result in zip(runs.values(), run_workflows(list(runs.values()))):
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    made = {key: (read_predictions(workdir), frame) for key, (workdir, _) in runs.items()}
+    return lambda suffix, shards: made[suffix, shards]
 
 
 def perturbed_copy(model_dir, out):
