@@ -1,5 +1,5 @@
 """The runs of tests/test_storage.py against the bucket, made in a background thread: the first one
-(which must succeed, and equal a shared-filesystem run), the second (a forced replan, with the
+(which must succeed, and equal a shared-filesystem run), the second (a forced replan to one shard, with the
 input object changed while the shards run, which gather must refuse), and a third over a named
 input whose parts the bucket's listing finds (a folder of Parquet parts). What
 the tests read of each is kept as it was right after it (its terminal, its objects, its job
@@ -59,6 +59,12 @@ class BucketRun:
         # The model in the clone, named by a relative path, which in a job's empty folder names
         # nothing: the jobs load it from their downloaded copies (rule stage_model put them in the bucket).
         shutil.copytree(models.classifier, self.workdir / MODEL)
+        self.set_config(config)
+
+    def config(self) -> dict:
+        return yaml.safe_load((self.workdir / "config" / "config.yaml").read_text())
+
+    def set_config(self, config: dict) -> None:
         (self.workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config))
 
     def key(self, path: str) -> str:
@@ -164,6 +170,8 @@ class BucketRuns(threading.Thread):
         changed, while the shard jobs run."""
         plan = self.bucket.key("results/plan.json")
         planned = self.s3.modified(plan)
+        # one shard now: what is refused is gather's, whatever the count (fewer jobs to wait for)
+        self.bucket.set_config({**self.bucket.config(), "shards": 1})
         process = self.bucket.start("--forcerun", "plan")
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while self.s3.modified(plan) == planned and process.poll() is None and time.monotonic() < deadline:

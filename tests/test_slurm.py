@@ -38,7 +38,7 @@ import yaml
 
 import plugins
 import reference
-from factory import input_frame, read_predictions, workflow_config, write_input
+from factory import WITHOUT_REPORT, input_frame, read_predictions, workflow_config, write_input
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "tests" / "slurm"
@@ -156,7 +156,8 @@ class Run:
     def __init__(self, case: Case, profile: Path, *args: str, env: dict | None = None):
         runs = sorted(case.workdir.glob("snakemake-*.out"))
         self.out = case.workdir / f"snakemake-{len(runs)}.out"
-        command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--profile", str(profile), *args]
+        command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--profile", str(profile),
+                   *WITHOUT_REPORT, *args]
         with self.out.open("w") as handle:
             self.process = subprocess.Popen(command, cwd=case.workdir, stdout=handle, stderr=subprocess.STDOUT,
                                             env=plugins.with_plugins(env or dict(os.environ)))
