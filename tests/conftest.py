@@ -55,9 +55,8 @@ def classify_runs(models, tmp_path_factory):
             frame = factory.input_frame(rows)
             path = factory.write_input(frame, workdir / "data" / "input.parquet")
             runs.append((workdir, frame, factory.workflow_config(path, models.classifier, shards=shards)))
-        results = factory.run_workflows([(workdir, config) for workdir, _, config in runs], report=True)
+        results = factory.run_workflows_ok([(workdir, config) for workdir, _, config in runs], report=True)
         for key, (workdir, frame, _), result in zip(wanted, runs, results):
-            assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
             cache[key] = FinishedRun(workdir, frame, factory.read_predictions(workdir), result.stdout + result.stderr)
 
     def finished(rows: int, shards: int) -> FinishedRun:

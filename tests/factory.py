@@ -216,6 +216,14 @@ def run_workflows(runs: list[tuple[Path, dict]], timeout: float = 900,
     return results
 
 
+def run_workflows_ok(runs: list[tuple[Path, dict]], report: bool = False) -> list[subprocess.CompletedProcess]:
+    """`run_workflows`, each run having succeeded (its terminal's end shown where one did not)."""
+    results = run_workflows(runs, report=report)
+    for result in results:
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    return results
+
+
 def read_predictions(workdir: Path) -> pd.DataFrame:
     return pd.read_parquet(workdir / "results" / "predictions.parquet")
 

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from factory import REPO, read_predictions, run_workflow, run_workflows
+from factory import REPO, read_predictions, run_workflow, run_workflows_ok
 from shardinfer.config import Settings, settings_from_config
 from shardinfer.settings_digest import output_digest
 from shardinfer.errors import ProofError, UserError
@@ -67,8 +67,7 @@ def runs(tmp_path_factory, made_example):
     """{shards: workdir} for finished runs with 1 and 3 shards, made at once (the 3-shard run's report
     is read)."""
     done = {shards: build_example(tmp_path_factory.mktemp(f"custom-{shards}"), made_example) for shards in (1, 3)}
-    for result in run_workflows([(workdir, example_config(shards)) for shards, workdir in done.items()], report=True):
-        assert result.returncode == 0, result.stdout + result.stderr
+    run_workflows_ok([(workdir, example_config(shards)) for shards, workdir in done.items()], report=True)
     return done
 
 

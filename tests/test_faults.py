@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import reference
-from factory import (input_frame, prepare_workdir, read_predictions, run_workflow, run_workflows, workflow_config,
-                     write_input)
+from factory import (input_frame, prepare_workdir, read_predictions, run_workflow, run_workflows_ok,
+                     workflow_config, write_input)
 from test_workflow import assert_refused, assert_same_rows, run_ok
 
 BIG = {"batch": {"max_tokens": 512, "max_rows": 32, "sort_window": 256}}
@@ -62,8 +62,7 @@ def references(models, tmp_path_factory) -> dict[str, tuple[Path, dict]]:
     write_input(input_frame(50, seed=2), finished / "data" / "input.csv")
     runs = {"undisturbed": (undisturbed, workflow_config(path, models.classifier, shards=2, **BIG)),
             "finished": (finished, workflow_config("data/input.csv", models.classifier, shards=2))}
-    for result in run_workflows(list(runs.values())):
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    run_workflows_ok(list(runs.values()))
     return runs
 
 

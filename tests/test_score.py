@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from factory import (REPO, build_tiny_cross_encoder, input_frame, read_predictions, run_workflows, texts,
+from factory import (REPO, build_tiny_cross_encoder, input_frame, read_predictions, run_workflows_ok, texts,
                      workflow_config, write_input)
 from shardinfer.checks import check_settings
 from shardinfer.config import settings_from_config
@@ -134,8 +134,7 @@ def test_two_shards_equal_one_shard_tokenized_ahead_row_for_row(cross, tmp_path)
         workdir = tmp_path / name
         path = write_input(frame, workdir / "data" / "pairs.parquet")
         runs.append((workdir, score_config(path, cross, shards=shards, tokenize={"ahead": ahead})))
-    for result in run_workflows(runs):
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    run_workflows_ok(runs)
     one, two = (read_predictions(workdir) for workdir, _ in runs)
     assert one["index"].tolist() == two["index"].tolist() == list(range(40))
     assert one["id"].tolist() == two["id"].tolist() == frame["id"].tolist()

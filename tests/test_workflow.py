@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import reference
-from factory import input_frame, read_predictions, run_workflow, run_workflows, workflow_config, write_empty_input, write_input
+from factory import (input_frame, read_predictions, run_workflow, run_workflows, run_workflows_ok, workflow_config,
+                     write_empty_input, write_input)
 
 ATOL = 1e-5  # float32 on CPU: batched vs unbatched attention differs by ~1e-7
 
@@ -111,8 +112,7 @@ def embed_runs(models, tmp_path_factory):
         workdir = tmp_path_factory.mktemp(f"embed-{shards}")
         path = write_input(frame, workdir / "data" / f"input{suffix}")
         runs[suffix, shards] = (workdir, workflow_config(path, models.encoder, task="embed", shards=shards))
-    for (workdir, _), result in zip(runs.values(), run_workflows(list(runs.values()))):
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    run_workflows_ok(list(runs.values()))
     made = {key: (read_predictions(workdir), frame) for key, (workdir, _) in runs.items()}
     return lambda suffix, shards: made[suffix, shards]
 
