@@ -1,10 +1,17 @@
 """Shared fixtures: tiny models built locally from configs, and finished workflow runs that several
 test modules read (each end-to-end run costs seconds of Snakemake and torch start-up, so a run that
-only needs reading is made once per session)."""
+only needs reading is made once per test run, whichever pytest-xdist worker asks first).
 
-import compileall
+The suite runs on pytest-xdist's workers (the README's test command: `-n auto`):
+one core is idle for much of any single end-to-end run, and the other worker's tests fill it. Each
+module stays on one worker (its module fixtures are made once), and the modules that share a
+server or a folder share a worker (`WORKER_GROUPS`)."""
+
+import fcntl
 import os
+import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,14 +25,66 @@ sys.path.insert(0, str(REPO / "tests"))
 import factory  # noqa: E402
 import s3_server  # noqa: E402
 
-# The workflow's package byte-compiled once: where PYTHONDONTWRITEBYTECODE is set (as on CI's machine),
-# each of the suite's hundreds of Snakemake processes and jobs would compile it again (~0.3 s each).
-compileall.compile_dir(REPO / "workflow" / "shardinfer", quiet=1)
+# Bytecode cached where PYTHONDONTWRITEBYTECODE is set too (as on CI's machine), in this process and
+# every one it starts: the venv is installed without it (tests/install), and otherwise each of the
+# suite's hundreds of Snakemake processes and jobs compiles everything it imports again.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
+
+# Modules that must share a worker; every other module is a group of its own. test_storage and
+# test_slurm share the S3 server (one fixed port) and the bucket's runs; test_module and test_style
+# run Snakemake in the repository itself.
+WORKER_GROUPS = {"test_storage": "bucket", "test_slurm": "bucket", "test_module": "repo", "test_style": "repo"}
+# The longest groups first (measured), so that no worker is left alone with one at the end; the
+# others follow in collection order.
+LONGEST_FIRST = ("test_faults", "bucket", "test_workflow", "test_vllm", "test_inputs", "test_parts", "test_score",
+                 "test_generate", "test_custom", "repo", "test_row_errors", "test_metrics", "test_resume")
+
+
+def worker_group(nodeid: str) -> str:
+    module = Path(nodeid.split("::")[0]).stem
+    return WORKER_GROUPS.get(module, module)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {group: i for i, group in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(worker_group(item.nodeid), len(rank)))  # stable: collection order within
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """pytest-xdist's scheduler by scope, with worker_group as the scope, in the order collected.
+    (Its `--dist loadgroup` with marks groups nothing on pytest 9.2: pytest-xdist#1386.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkerGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(nodeid)
+
+    config.option.loadscopereorder = False
+    return ByWorkerGroup(config, log)
+
+
+def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], None]) -> Path:
+    """The folder `name`, made by `make` once per test run: under pytest-xdist, in the folder all
+    workers share, by the first worker that asks (the others wait on its lock, then read it)."""
+    root = tmp_path_factory.getbasetemp()
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        root = root.parent  # pytest-of-<user>/pytest-<n>, above each worker's own popen-gw<k>
+    folder = root / name
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / f"{name}.made").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            make(folder)
+            (root / f"{name}.made").touch()
+    return folder
 
 
 @pytest.fixture(scope="session")
 def models(tmp_path_factory) -> factory.TinyModels:
-    return factory.build_tiny_models(tmp_path_factory.mktemp("models"))
+    return factory.tiny_model_paths(made_once(tmp_path_factory, "models", factory.build_tiny_models))
 
 
 @dataclass(frozen=True)
@@ -42,26 +101,27 @@ SHARED_CLASSIFY_RUNS = ((1000, 1), (1000, 4), (2, 4))
 
 @pytest.fixture(scope="session")
 def classify_runs(models, tmp_path_factory):
-    """`classify_runs(rows, shards)`: one finished classify run per (rows, shards), each in its own
-    working directory, made on first use (all of SHARED_CLASSIFY_RUNS at once) and shared by every
-    test that only reads it."""
+    """`classify_runs(rows, shards)`: one finished classify run per (rows, shards) of
+    SHARED_CLASSIFY_RUNS, each in its own working directory, all made at once on first use and
+    shared by every test that only reads it (a test that runs Snakemake again copies it first)."""
     cache: dict[tuple[int, int], FinishedRun] = {}
 
-    def make(wanted: list[tuple[int, int]]) -> None:
+    def make(folder: Path) -> None:
         """The runs at once (`factory.run_workflows`): the cores one run leaves idle, the others use."""
         runs = []
-        for rows, shards in wanted:
-            workdir = tmp_path_factory.mktemp(f"classify-{rows}-{shards}")
-            frame = factory.input_frame(rows)
-            path = factory.write_input(frame, workdir / "data" / "input.parquet")
-            runs.append((workdir, frame, factory.workflow_config(path, models.classifier, shards=shards)))
-        results = factory.run_workflows_ok([(workdir, config) for workdir, _, config in runs], report=True)
-        for key, (workdir, frame, _), result in zip(wanted, runs, results):
-            cache[key] = FinishedRun(workdir, frame, factory.read_predictions(workdir), result.stdout + result.stderr)
+        for rows, shards in SHARED_CLASSIFY_RUNS:
+            path = factory.write_input(factory.input_frame(rows), folder / f"{rows}-{shards}" / "data" / "input.parquet")
+            runs.append((folder / f"{rows}-{shards}", factory.workflow_config(path, models.classifier, shards=shards)))
+        for (workdir, _), result in zip(runs, factory.run_workflows_ok(runs, report=True)):
+            (folder / f"{workdir.name}.terminal").write_text(result.stdout + result.stderr)
 
     def finished(rows: int, shards: int) -> FinishedRun:
         if (rows, shards) not in cache:
-            make([(rows, shards), *(key for key in SHARED_CLASSIFY_RUNS if key not in cache and key != (rows, shards))])
+            assert (rows, shards) in SHARED_CLASSIFY_RUNS, f"add {(rows, shards)} to SHARED_CLASSIFY_RUNS"
+            folder = made_once(tmp_path_factory, "classify-runs", make)
+            workdir = folder / f"{rows}-{shards}"
+            cache[rows, shards] = FinishedRun(workdir, factory.input_frame(rows), factory.read_predictions(workdir),
+                                              (folder / f"{workdir.name}.terminal").read_text())
         return cache[rows, shards]
 
     return finished

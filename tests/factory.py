@@ -68,11 +68,15 @@ def save_lora(base_path: Path, out: Path, modules_to_save) -> None:
     model.save_pretrained(out)
 
 
+def tiny_model_paths(root: Path) -> TinyModels:
+    return TinyModels(*(root / name for name in TinyModels.__dataclass_fields__))
+
+
 def build_tiny_models(root: Path) -> TinyModels:
     import torch
     from transformers import BertForSequenceClassification, BertModel
 
-    paths = TinyModels(*(root / name for name in TinyModels.__dataclass_fields__))
+    paths = tiny_model_paths(root)
     torch.manual_seed(0)
     BertForSequenceClassification(bert_config(num_labels=3, id2label=LABELS)).save_pretrained(paths.classifier)
     torch.manual_seed(1)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+import plugins
 from plugins import PLUGINS  # the S3 storage plugin lies there, beside the venv
 
 SCRIPTS = Path(__file__).resolve().parent / "storage"
@@ -28,6 +29,7 @@ class S3Server:
     secret_key: str
 
     def client(self):
+        plugins.importable()  # boto3 lies beside the venv, with the S3 storage plugin
         import boto3
 
         return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=self.access_key,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -142,9 +143,11 @@ def test_a_summary_from_before_the_report_is_refused(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def reported(classify_runs) -> Path:
-    """The shared 1000-row, 4-shard classify run, then `snakemake --report report.zip` in its folder."""
-    workdir = classify_runs(ROWS, SHARDS).workdir
+def reported(classify_runs, tmp_path_factory) -> Path:
+    """A copy of the shared 1000-row, 4-shard classify run (other workers read the original), then
+    `snakemake --report report.zip` in it."""
+    workdir = tmp_path_factory.mktemp("reported")
+    shutil.copytree(classify_runs(ROWS, SHARDS).workdir, workdir, dirs_exist_ok=True, symlinks=True)
     command, env = prepare_workdir(workdir, yaml.safe_load((workdir / "config" / "config.yaml").read_text()),
                                    report=True)
     result = subprocess.run([*command, "--report", "report.zip"], cwd=workdir, env=env, capture_output=True,
