@@ -52,9 +52,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(worker_group(item.nodeid), len(rank)))  # stable: collection order within
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: unknown without it (`-p no:xdist`)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """pytest-xdist's scheduler by scope, with worker_group as the scope, in the order collected.
+    """pytest-xdist's scheduler by scope, with worker_group as the scope, in the order collected,
+    for its load-balancing modes (`-n` alone means `--dist load`); any other `--dist` is xdist's own.
     (Its `--dist loadgroup` with marks groups nothing on pytest 9.2: pytest-xdist#1386.)"""
+    if config.getvalue("dist") not in ("load", "loadscope", "loadfile", "loadgroup"):
+        return None
     from xdist.scheduler import LoadScopeScheduling
 
     class ByWorkerGroup(LoadScopeScheduling):
@@ -71,13 +75,19 @@ def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callabl
     root = tmp_path_factory.getbasetemp()
     if "PYTEST_XDIST_WORKER" in os.environ:
         root = root.parent  # pytest-of-<user>/pytest-<n>, above each worker's own popen-gw<k>
-    folder = root / name
+    folder, failed = root / name, root / f"{name}.failed"
     with open(root / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        if failed.exists():  # not again: another worker's attempt failed, and says why in its tests
+            raise RuntimeError(f"{name} could not be made: {failed.read_text()}")
         if not (root / f"{name}.made").exists():
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir()
-            make(folder)
+            try:
+                make(folder)
+            except BaseException as error:
+                failed.write_text(repr(error)[:2000])
+                raise
             (root / f"{name}.made").touch()
     return folder
 

@@ -6,6 +6,7 @@ tokenizer over a small vocabulary, saved with save_pretrained like any real mode
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import subprocess
@@ -69,7 +70,7 @@ def save_lora(base_path: Path, out: Path, modules_to_save) -> None:
 
 
 def tiny_model_paths(root: Path) -> TinyModels:
-    return TinyModels(*(root / name for name in TinyModels.__dataclass_fields__))
+    return TinyModels(*(root / field.name for field in dataclasses.fields(TinyModels)))
 
 
 def build_tiny_models(root: Path) -> TinyModels:

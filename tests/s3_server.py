@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-import plugins
-from plugins import PLUGINS  # the S3 storage plugin lies there, beside the venv
+import plugins  # the S3 storage plugin and boto3 lie in plugins.PLUGINS, beside the venv
 
 SCRIPTS = Path(__file__).resolve().parent / "storage"
 
@@ -73,8 +72,8 @@ class S3Server:
 def start(folder: Path) -> S3Server:
     """Start the server (tests/storage/start-s3); raises RuntimeError saying why it did not come up,
     or why the plugins that reach it are missing."""
-    if not (PLUGINS / "snakemake_storage_plugin_s3").is_dir():
-        raise RuntimeError(f"no S3 storage plugin in {PLUGINS}: run tests/install-plugins")
+    if not (plugins.PLUGINS / "snakemake_storage_plugin_s3").is_dir():
+        raise RuntimeError(f"no S3 storage plugin in {plugins.PLUGINS}: run tests/install-plugins")
     env = {**os.environ, "PYTHON": sys.executable}
     started = subprocess.run([str(SCRIPTS / "start-s3"), str(folder)], capture_output=True, text=True, env=env,
                              timeout=120)

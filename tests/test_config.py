@@ -3,6 +3,7 @@
 import copy
 import os
 import re
+import shutil
 
 import pytest
 
@@ -103,10 +104,13 @@ def test_digest_follows_output_settings_and_model_files(tmp_path, models):
     assert output_digest(settings(tmp_path, models, shards=5)) == base
     assert output_digest(settings(tmp_path, models, model={"max_length": 16})) != base
     assert output_digest(settings(tmp_path, models, adapter=models.lora)) != base
-    weights = models.classifier / "model.safetensors"
+    # a copy of the model: the shared one is read by runs on the other pytest-xdist workers
+    copied = {"path": str(shutil.copytree(models.classifier, tmp_path / "classifier"))}
+    base = output_digest(settings(tmp_path, models, model=copied))
+    weights = tmp_path / "classifier" / "model.safetensors"
     stat = weights.stat()
     os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
-    assert output_digest(settings(tmp_path, models)) != base
+    assert output_digest(settings(tmp_path, models, model=copied)) != base
 
 
 SCHEMA = str(SCHEMA_PATH)
