@@ -28,6 +28,7 @@ def main(model: str, texts_path: str, out_path: str) -> None:
     from shardinfer.tasks.generate_vllm import VllmGenerate
     from test_generate import run, settings
 
+    torch.set_num_threads(1)  # as the tests' shard jobs (`--set-threads infer=1`): the engine takes as many
     texts = json.loads(Path(texts_path).read_text())
     task = VllmGenerate.load(LoadContext(settings(model, engine="vllm"), torch.device("cpu"), torch.float32))
     greedy = run(task, texts, max_rows=4)
