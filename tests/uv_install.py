@@ -34,16 +34,20 @@ def pip_config(listing: str) -> dict[str, dict[str, str]]:
     return settings
 
 
+def setting(settings: dict[str, dict[str, str]], name: str) -> str:
+    """The value pip takes for `name`: from its first section in SECTIONS ("" where none sets it)."""
+    sections = settings.get(name, {})
+    return next((sections[section] for section in SECTIONS if section in sections), "")
+
+
 def uv_arguments(settings: dict[str, dict[str, str]]) -> list[str]:
-    """uv's flags for pip's settings: each setting from its first section in SECTIONS; a list
-    setting (whitespace-separated, one per line in a config file) gives the flag once per item."""
+    """uv's flags for pip's settings; a list setting (whitespace-separated, one per line in a
+    config file) gives the flag once per item."""
     arguments = ["--index-strategy", "unsafe-best-match"]
     for name, flag in FLAGS.items():
-        value = next((settings[name][section] for section in SECTIONS if section in settings.get(name, {})), "")
-        for item in value.split():
+        for item in setting(settings, name).split():
             arguments += [flag, item]
-    no_index = next((settings["no-index"][s] for s in SECTIONS if s in settings.get("no-index", {})), "")
-    return arguments + (["--no-index"] if no_index.lower() in TRUE else [])
+    return arguments + (["--no-index"] if setting(settings, "no-index").lower() in TRUE else [])
 
 
 def main(arguments: list[str]) -> None:
