@@ -382,7 +382,7 @@ def child(mode: str, settings: Settings, work: Path, device: str) -> dict:
     if mode == "shard":
         import pyarrow.parquet as pq
 
-        from shardinfer.proof.shard_file import STATS_KEY
+        from shardinfer.contract.shard_file import STATS_KEY
 
         stats = json.loads(pq.ParquetFile(out).metadata.metadata[STATS_KEY])
         return {"wall": wall, "stats": stats, "frame": pd.read_parquet(out)}

@@ -15,7 +15,8 @@ import pytest
 
 from shardinfer.atomic import atomic_parquet_writer, partial_path
 from shardinfer.errors import UserError
-from shardinfer.shard.row_files import staged_files, staging_folder
+from shardinfer.contract.row_files import staging_folder
+from shardinfer.shard.row_files import staged_files
 
 WORKFLOW = os.path.join(os.path.dirname(__file__), "..", "workflow")
 SCHEMA = pa.schema([("index", pa.int64())])

@@ -29,7 +29,7 @@ from shardinfer.errors import ProofError, UserError
 from shardinfer.proof.gather import run_gather
 from shardinfer.shard.job import ShardJob, run_shard
 from shardinfer.plan import remove_stale_shards, run_plan
-from shardinfer.proof.shard_file import IDENTITY_KEY
+from shardinfer.contract.shard_file import IDENTITY_KEY
 from shardinfer.shard.resume import resume_row, windows_folder
 
 EXAMPLE = REPO / "examples" / "image-transfer"

@@ -51,7 +51,7 @@ def predict(example, options: dict, rows: list[int]) -> dict[str, list]:
 
 
 def test_outputs_are_declared_in_the_runners_types(example):
-    from shardinfer.proof.shard_file import arrow_type, file_columns
+    from shardinfer.contract.shard_file import arrow_type, file_columns
 
     outputs = example[2].build(str(example[0]), {"steps": 2}, torch.device("cpu")).outputs
     assert outputs == {"image": "file:.png", "mean_change": "float32"}

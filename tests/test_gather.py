@@ -16,8 +16,8 @@ from shardinfer.errors import ProofError, UserError
 from shardinfer.proof.gather import run_gather
 from shardinfer.shard.job import ShardJob, run_shard
 from shardinfer.plan import read_plan, run_plan
-from shardinfer.proof.shard_file import IDENTITY_KEY
-from shardinfer.proof.content_digest import CONTENT_KEY
+from shardinfer.contract.shard_file import IDENTITY_KEY
+from shardinfer.contract.content_digest import CONTENT_KEY
 
 ROWS, SHARDS, DIGEST = 40, 3, "digest-a"
 

@@ -22,7 +22,7 @@ from shardinfer.errors import UserError
 from shardinfer.shard.job import ShardJob, run_shard
 from shardinfer.shard.pipeline import Pipeline
 from shardinfer.plan import read_plan, run_plan
-from shardinfer.proof.shard_file import STATS_KEY
+from shardinfer.contract.shard_file import STATS_KEY
 from shardinfer.tasks.base import LoadContext, Task, Window
 from shardinfer.tasks.text import TextTask
 from shardinfer.shard.tokens import TokenizeJob, run_tokenize

@@ -33,7 +33,7 @@ from shardinfer.config import BatchSettings, ModelSettings, Settings, settings_f
 from shardinfer.errors import UserError
 from shardinfer.plan import remove_stale_shards, run_plan
 from shardinfer.proof.gather import run_gather
-from shardinfer.proof.shard_file import STATS_KEY
+from shardinfer.contract.shard_file import STATS_KEY
 from shardinfer.settings_digest import output_digest
 from shardinfer.shard import job as job_module
 from shardinfer.shard.job import ShardJob, run_shard

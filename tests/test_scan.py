@@ -349,7 +349,7 @@ def test_csv_last_record_of_spaces_without_a_newline_is_a_row(tmp_path, monkeypa
 
 
 def test_a_map_keep_column_is_kept_and_proven_and_a_union_is_refused_at_the_plan(tmp_path):
-    from shardinfer.proof.content_digest import table_digest
+    from shardinfer.contract.content_digest import table_digest
     import pyarrow.parquet as pq
 
     frame = input_frame(30)

@@ -18,7 +18,7 @@ from html import escape
 from pathlib import Path
 
 from shardinfer.errors import UserError
-from shardinfer.proof.shard_file import computed
+from shardinfer.contract.shard_file import computed
 from shardinfer.tasks import counts_tokens
 from shardinfer.terminal import failed_rows
 

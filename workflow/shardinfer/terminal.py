@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from shardinfer.proof.shard_file import computed
+from shardinfer.contract.shard_file import computed
 from shardinfer.tasks import counts_tokens
 
 

@@ -19,7 +19,7 @@ from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
 from shardinfer.input.formats import format_named
 from shardinfer.input.formats.base import Mark, Span
-from shardinfer.proof.content_digest import table_digest
+from shardinfer.contract.content_digest import table_digest
 
 NULLS_LISTED = 5
 

@@ -25,7 +25,7 @@ import pyarrow as pa
 from shardinfer.atomic import atomic_parquet_writer
 from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
-from shardinfer.input.identity import file_digest
+from shardinfer.contract.file_digest import file_digest
 from shardinfer.input.parts import Part, Piece, windows
 
 # The format cuts are written in, and read in by the shard and tokenize jobs.

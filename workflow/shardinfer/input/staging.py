@@ -40,7 +40,8 @@ from shardinfer.config import InputSettings
 from shardinfer.errors import ProofError, UserError
 from shardinfer.input.formats import format_named
 from shardinfer.input.formats.base import Held
-from shardinfer.input.identity import digest_alongside, file_digest, fingerprint
+from shardinfer.contract.file_digest import file_digest
+from shardinfer.input.identity import digest_alongside, fingerprint
 
 STAGE_RATIO = 1.2  # auto: stage when the shards would read more than this many times the part's rows
 STAGE_MIN_BYTES = 64 << 20  # ... and at least this much more than the part's file

@@ -25,13 +25,13 @@ import pyarrow.parquet as pq
 from shardinfer.atomic import atomic_parquet_writer, write_json_atomic
 from shardinfer.config import EvaluateSettings, InputSettings
 from shardinfer.metrics import check_gold, score_predictions
-from shardinfer.proof.content_digest import CONTENT_KEY, ContentHasher
+from shardinfer.contract.content_digest import CONTENT_KEY, ContentHasher
 from shardinfer.errors import ProofError, UserError
-from shardinfer.shard.row_files import prove_files, refuse_unlisted, staging_folder
+from shardinfer.contract.row_files import prove_files, refuse_unlisted, staging_folder
 from shardinfer.input.identity import digest_alongside
 from shardinfer.input.parts import Part, one_file, refuse_other_parts
 from shardinfer.plan import Plan, read_plan
-from shardinfer.proof.shard_file import FILE_TYPE, IDENTITY_KEY, INDEX_COLUMN, STATS_KEY, computed
+from shardinfer.contract.shard_file import FILE_TYPE, IDENTITY_KEY, INDEX_COLUMN, STATS_KEY, computed
 from shardinfer.input.scan import count_rows
 from shardinfer.tasks import TASKS, task_class
 from shardinfer.terminal import headline
@@ -46,7 +46,7 @@ class ShardFile:
     rows: int
     schema: pa.Schema
     stats: dict
-    content: str  # the digest of its values its job recorded (shardinfer.proof.content_digest)
+    content: str  # the digest of its values its job recorded (shardinfer.contract.content_digest)
     files: dict | None = None  # {"folder", "columns": {column: suffix}} when the task may write files
 
 

@@ -8,7 +8,7 @@ predict and name its columns.
 
 Reads top to bottom like a sampling script. The shard file carries the global row number in an
 `index` column and, in its metadata, the plan and settings it was made under, so gather can
-prove it belongs (`shardinfer.proof.shard_file`).
+prove it belongs (`shardinfer.contract.shard_file`).
 """
 
 from __future__ import annotations
@@ -29,18 +29,19 @@ import torch
 
 from shardinfer.atomic import atomic_parquet_writer
 from shardinfer.config import BatchSettings, Settings
-from shardinfer.proof.content_digest import ContentHasher
+from shardinfer.contract.content_digest import ContentHasher
 from shardinfer.shard.batching import batch_budget
 from shardinfer.shard.device_loop import RowErrors, predict_window, prepare_batches
 from shardinfer.errors import UserError
-from shardinfer.shard.row_files import ShardFiles, staged_files, staging_folder
+from shardinfer.contract.row_files import staging_folder
+from shardinfer.shard.row_files import ShardFiles, staged_files
 from shardinfer.shard.lease import Lease, acquire_device, default_wait_s
 from shardinfer.shard.models import choose_device, choose_dtype
 from shardinfer.shard.pipeline import Pipeline
 from shardinfer.plan import Plan, read_plan
 from shardinfer.shard.progress import Progress
 from shardinfer.shard.transformers_import import hide_sklearn_from_transformers
-from shardinfer.proof.shard_file import ERROR_COLUMN, STATS_KEY, computed, file_columns, shard_schema
+from shardinfer.contract.shard_file import ERROR_COLUMN, STATS_KEY, computed, file_columns, shard_schema
 from shardinfer.shard.resume import (assemble, commit_window, keep_committed, left_for_rerun, remove_windows,
                                      windows_folder)
 from shardinfer.shard.stop import Terminated, stop_on_sigterm
@@ -116,7 +117,7 @@ class Tally:
     def stats(self, seconds: float, runtime: Runtime, kept: Tally) -> dict:
         """The shard's stats: totals over all its rows, and `resumed_*` what the kept windows
         brought (this job's own work is the difference, what rates divide by:
-        `proof.shard_file.computed`)."""
+        `contract.shard_file.computed`)."""
         resumed = {f"resumed_{name}": value for name, value in kept.task.items() if isinstance(value, int)}
         return {"rows": self.rows, "seconds": round(seconds, 3), "device": runtime.where, "dtype": runtime.dtype,
                 **running_totals(kept.task, runtime.task.finish()),

@@ -26,7 +26,7 @@ from shardinfer.atomic import atomic_parquet_writer
 from shardinfer.config import Settings
 from shardinfer.errors import UserError
 from shardinfer.plan import Plan, read_plan
-from shardinfer.proof.shard_file import INDEX_COLUMN
+from shardinfer.contract.shard_file import INDEX_COLUMN
 from shardinfer.input.parts import windows
 from shardinfer.input.scan import text_values
 

@@ -25,7 +25,7 @@ A task owns the config section named after it (`embed:`, `generate:`), handed to
 `settings.task_settings`; the shard digest takes the task's section (with `model:`, the input's
 settings, the model files and, for custom, the hook's code; `shardinfer.settings_digest`), not the other
 tasks' sections. Its output columns are `outputs`, one type string each
-(`shardinfer.proof.shard_file`); that is the one place they are declared.
+(`shardinfer.contract.shard_file`); that is the one place they are declared.
 
 Task modules import torch and transformers inside their methods only: planning and the config
 checks import them to read their columns and settings, and stay free of torch.

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from shardinfer.errors import RowError, UserError
-from shardinfer.proof.shard_file import INDEX_COLUMN, arrow_type, file_suffix
+from shardinfer.contract.shard_file import INDEX_COLUMN, arrow_type, file_suffix
 from shardinfer.config import Settings
 from shardinfer.tasks.base import LoadContext, Task, TaskInputs, Window, matrix_to_list_array, tokenize_ahead_refused
 

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from shardinfer.atomic import atomic_parquet_writer
 from shardinfer.input.formats.base import (Format, Held, Mark, Span, conform, empty_batch, rows_between,
                                            schema_types, select, widened_fields)
-from shardinfer.input.identity import file_digest
+from shardinfer.contract.file_digest import file_digest
 
 if TYPE_CHECKING:  # the settings are read, never built here: config builds them through discovery
     from shardinfer.config import InputSettings

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from shardinfer.atomic import atomic_path
 from shardinfer.input.formats.base import Format, Held, Mark, Span, compressed, select
-from shardinfer.input.identity import CHUNK_BYTES, DIGEST_ALGORITHM
+from shardinfer.contract.file_digest import CHUNK_BYTES, DIGEST_ALGORITHM
 
 if TYPE_CHECKING:  # the settings are read, never built here: config builds them through discovery
     from shardinfer.config import InputSettings
