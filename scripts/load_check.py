@@ -383,7 +383,7 @@ def report_model_downloads(shards: int) -> None:
     from shardinfer.config import resolve_model_path
     from shardinfer.errors import UserError
     from shardinfer.settings_digest import directory_fingerprint
-    from shardinfer.shard.tokenizer_files import is_tokenizer_side
+    from shardinfer.hf.tokenizer_files import is_tokenizer_side
 
     configured = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["model"]["path"]
     try:

@@ -1,4 +1,4 @@
-"""Snakemake adapter of the tokenize rule: see shardinfer.shard.tokens.run_tokenize (not named tokenize.py,
+"""Snakemake adapter of the tokenize rule: see shardinfer.shard.tokenize_job.run_tokenize (not named tokenize.py,
 which would shadow the standard library module of that name for scripts run from this folder).
 
 The settings come from the (validated) config rather than a param, so that changing the model
@@ -14,7 +14,7 @@ snakemake = globals()["snakemake"]  # the job object injected by the script: dir
 from shardinfer.config import settings_from_config  # noqa: E402
 from shardinfer.jobs import run_job  # noqa: E402
 from shardinfer.plan import read_plan  # noqa: E402
-from shardinfer.shard.tokens import TokenizeJob, run_tokenize  # noqa: E402
+from shardinfer.shard.tokenize_job import TokenizeJob, run_tokenize  # noqa: E402
 from shardinfer.stored_model import handed, with_handed_paths, with_staged  # noqa: E402
 
 # `shards: auto` stands for the count the plan was cut into. Without a shared filesystem (a cut to

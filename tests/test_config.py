@@ -149,7 +149,7 @@ def test_shard_job_refuses_max_length_without_room_for_text(models):
     """A tokenizer without tokenizer.json is not checked at load; the shard job's encoder refuses it."""
     from transformers import AutoTokenizer
 
-    from shardinfer.shard.tokens import Encoder
+    from shardinfer.hf.tokens import Encoder
 
     tokenizer = AutoTokenizer.from_pretrained(models.classifier)
     with pytest.raises(UserError, match=r"model.max_length 2 leaves no room for text: .* use at least 3"):

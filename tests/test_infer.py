@@ -25,7 +25,7 @@ from shardinfer.plan import read_plan, run_plan
 from shardinfer.contract.shard_file import STATS_KEY
 from shardinfer.tasks.base import LoadContext, Task, Window
 from shardinfer.tasks.text import TextTask
-from shardinfer.shard.tokens import TokenizeJob, run_tokenize
+from shardinfer.shard.tokenize_job import TokenizeJob, run_tokenize
 
 
 def test_stages_hand_on_every_item_in_order():

@@ -11,7 +11,7 @@ from shardinfer.config import BatchSettings, ModelSettings, Settings
 from shardinfer.settings_digest import output_digest
 from shardinfer.errors import UserError
 from shardinfer.tasks import task_class
-from shardinfer.tasks.labels import label_names
+from shardinfer.hf.labels import label_names
 
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.classify import Classify

@@ -82,8 +82,8 @@ def test_planning_and_gathering_import_no_torch():
 
 
 def test_a_shard_job_loads_transformers_without_scikit_learn_and_the_users_code_still_can():
-    """shard.transformers_import: about 1.3 s of CPU less per shard job; hidden only from transformers."""
-    code = ("import sys; from shardinfer.shard.transformers_import import hide_sklearn_from_transformers; "
+    """hf.transformers_import: about 1.3 s of CPU less per shard job; hidden only from transformers."""
+    code = ("import sys; from shardinfer.hf.transformers_import import hide_sklearn_from_transformers; "
             "hide_sklearn_from_transformers(); import transformers.generation.candidate_generator as generator; "
             "from transformers import AutoModelForSequenceClassification; "
             "print('sklearn' in sys.modules, hasattr(generator, 'roc_curve')); "

@@ -9,14 +9,14 @@ import time
 
 import pytest
 
-from shardinfer.shard.lease import LeaseTimeout, acquire_device
+from shardinfer.devices import LeaseTimeout, acquire_device
 
 WORKFLOW = os.path.join(os.path.dirname(__file__), "..", "workflow")
 HOLDER = """
 import sys, time, logging
 sys.path.insert(0, {workflow!r})
 from pathlib import Path
-from shardinfer.shard.lease import acquire_device
+from shardinfer.devices import acquire_device
 lease = acquire_device(env={{}}, lock_dir=Path({lock_dir!r}), count_gpus=lambda: {gpus}, poll_s=0.05)
 print(lease.visible, flush=True)
 time.sleep(120)

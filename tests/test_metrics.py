@@ -40,7 +40,7 @@ ROWS, SHARDS = 1000, 4  # the shared classify run (conftest.classify_runs)
 @pytest.fixture
 def classifier_config(tmp_path) -> dict:
     """The model settings gather passes: a folder whose config.json names three labels (all that
-    shardinfer.tasks.labels reads; no weights)."""
+    shardinfer.hf.labels reads; no weights)."""
     folder = tmp_path / "model"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"id2label": {str(i): n for i, n in enumerate(LABELS)}}))

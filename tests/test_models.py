@@ -10,7 +10,7 @@ import torch
 from factory import LABELS, bert_config, save_lora, settings_for
 from shardinfer.config import ModelSettings
 from shardinfer.errors import UserError
-from shardinfer.shard.models import load_tokenizer
+from shardinfer.hf.models import load_tokenizer
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.classify import Classify
 
@@ -90,7 +90,7 @@ def test_cls_pooling_takes_the_first_real_token_under_left_padding():
 def test_pad_token_settles_on_one_id_for_tokenizer_and_model():
     from types import SimpleNamespace
 
-    from shardinfer.shard.models import settle_pad_token
+    from shardinfer.hf.models import settle_pad_token
 
     model = SimpleNamespace(config=SimpleNamespace(pad_token_id=None))
     tokenizer = SimpleNamespace(pad_token_id=None, eos_token_id=151643)
@@ -107,7 +107,7 @@ def test_decoder_classifier_batched_equals_unbatched(models, tmp_path, padding_s
     from factory import texts
     from shardinfer.config import BatchSettings
     from shardinfer.shard.device_loop import predict_window, prepare_batches
-    from shardinfer.shard.models import LoadedModel, settle_pad_token
+    from shardinfer.hf.models import LoadedModel, settle_pad_token
 
     tokenizer = AutoTokenizer.from_pretrained(models.classifier)
     tokenizer.padding_side = padding_side

@@ -38,7 +38,7 @@ from shardinfer.settings_digest import output_digest
 from shardinfer.shard import job as job_module
 from shardinfer.shard.job import ShardJob, run_shard
 from shardinfer.shard.resume import windows_folder
-from shardinfer.shard.tokens import TokenizeJob, run_tokenize
+from shardinfer.shard.tokenize_job import TokenizeJob, run_tokenize
 
 ROWS = 60
 # sort_window 16: windows [0, 1) (the short first one), [1, 17), [17, 33), [33, 49), [49, 60).

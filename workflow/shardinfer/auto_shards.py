@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, MutableMapping
 
-from shardinfer.shard.lease import candidate_devices, detect_gpu_count
+from shardinfer.devices import candidate_devices, detect_gpu_count
 
 AUTO = "auto"
 # The count the main Snakemake process resolved, for its jobs on other machines: they parse the

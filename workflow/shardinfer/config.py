@@ -89,7 +89,7 @@ class ModelSettings:
 
 @dataclass(frozen=True)
 class BatchSettings:
-    max_tokens: int | str  # or "auto": the shard job resolves it (shardinfer.shard.batching.batch_budget)
+    max_tokens: int | str  # or "auto": the shard job resolves it (shardinfer.batching.batch_budget)
     max_rows: int
     sort_window: int
 

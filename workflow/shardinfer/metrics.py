@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from shardinfer.errors import UserError
 from shardinfer.tasks import task_class
-from shardinfer.tasks.labels import label_names
+from shardinfer.hf.labels import label_names
 
 UNKNOWN_SHOWN = 10  # the most frequent unknown gold labels named in the summary
 PUNCTUATION = str.maketrans("", "", string.punctuation)
@@ -90,7 +90,7 @@ def unscored(nulls: int, unknown: Counter) -> dict:
 
 def score_labels(table: pa.Table, column: str, kind: str, model: dict) -> dict:
     """Classes: integer gold against label_id, string gold against label; the model's own labels
-    (model.labels, the adapter's head, its config: shardinfer.tasks.labels) say which are known."""
+    (model.labels, the adapter's head, its config: shardinfer.hf.labels) say which are known."""
     names = label_names(model["path"], model.get("adapter"), model.get("labels"))
     compared = "label_id" if kind == "ids" else "label"
     known = range(len(names)) if kind == "ids" else names

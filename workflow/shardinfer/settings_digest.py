@@ -12,7 +12,7 @@ from pathlib import Path
 
 from shardinfer.config import Settings
 from shardinfer.errors import UserError
-from shardinfer.shard.tokenizer_files import is_tokenizer_side
+from shardinfer.hf.tokenizer_files import is_tokenizer_side
 from shardinfer.tasks import engine_class
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from shardinfer.config import Settings
 from shardinfer.errors import UserError
-from shardinfer.shard.tokenizer_files import is_tokenizer_side
+from shardinfer.hf.tokenizer_files import is_tokenizer_side
 
 HANDED_VAR = "SHARDINFER_MODEL_FILES"
 STAGED_DIR = "results/model/{key}"

@@ -30,17 +30,17 @@ import torch
 from shardinfer.atomic import atomic_parquet_writer
 from shardinfer.config import BatchSettings, Settings
 from shardinfer.contract.content_digest import ContentHasher
-from shardinfer.shard.batching import batch_budget
+from shardinfer.batching import batch_budget
 from shardinfer.shard.device_loop import RowErrors, predict_window, prepare_batches
 from shardinfer.errors import UserError
 from shardinfer.contract.row_files import staging_folder
 from shardinfer.shard.row_files import ShardFiles, staged_files
-from shardinfer.shard.lease import Lease, acquire_device, default_wait_s
-from shardinfer.shard.models import choose_device, choose_dtype
+from shardinfer.devices import Lease, acquire_device, default_wait_s
+from shardinfer.hf.models import choose_device, choose_dtype
 from shardinfer.shard.pipeline import Pipeline
 from shardinfer.plan import Plan, read_plan
 from shardinfer.shard.progress import Progress
-from shardinfer.shard.transformers_import import hide_sklearn_from_transformers
+from shardinfer.hf.transformers_import import hide_sklearn_from_transformers
 from shardinfer.contract.shard_file import ERROR_COLUMN, STATS_KEY, computed, file_columns, shard_schema
 from shardinfer.shard.resume import (assemble, commit_window, keep_committed, left_for_rerun, remove_windows,
                                      windows_folder)
@@ -48,7 +48,7 @@ from shardinfer.shard.stop import Terminated, stop_on_sigterm
 from shardinfer.input.parts import windows
 from shardinfer.tasks import engine_class, task_class
 from shardinfer.tasks.base import LoadContext, Task, Window
-from shardinfer.shard.tokens import check_token_file, token_identity
+from shardinfer.hf.tokens import check_token_file, token_identity
 
 log = logging.getLogger(__name__)
 FIRST_ROWS = 10  # truncated rows a shard lists by row number, for the terminal's run-wide first ones

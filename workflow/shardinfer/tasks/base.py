@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from shardinfer.shard.batching import length_sorted_batches, padded_tokens
+from shardinfer.batching import length_sorted_batches, padded_tokens
 from shardinfer.config import BatchSettings, Settings
 from shardinfer.errors import UserError
 
@@ -103,7 +103,7 @@ class Task:
     scored_as: ClassVar[str | None] = None
     prepare_stage: str = "prepare"  # the pipeline stage's name in logs and the report
     # One forward pass per batch (classify, embed, score), which on CPU runs fastest in small batches
-    # (`batch.max_tokens: auto`, shardinfer.shard.batching.batch_budget).
+    # (`batch.max_tokens: auto`, shardinfer.batching.batch_budget).
     one_pass: ClassVar[bool] = False
     # Whether its engine schedules its own batches (vLLM: a window whole), so batch.max_tokens and
     # batch.max_rows do not apply and the shard log does not claim them.

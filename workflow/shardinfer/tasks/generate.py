@@ -41,7 +41,7 @@ from shardinfer.input.scan import text_values
 from shardinfer.tasks.base import Window, tokenize_ahead_refused
 from shardinfer.tasks.classify import untrained_head
 from shardinfer.tasks.text import TextTask, model_length_limit
-from shardinfer.shard.tokens import TokenWindow
+from shardinfer.hf.tokens import TokenWindow
 
 FINISH = ("length", "eos", "stop")  # finish codes 0, 1, 2
 CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel", "WithLMHead", "ForConditionalGeneration",

@@ -288,7 +288,7 @@ class VllmGenerate(Generate):
 
     @classmethod
     def load(cls, context: LoadContext) -> VllmGenerate:
-        from shardinfer.shard.models import check_weight_files, load_tokenizer
+        from shardinfer.hf.models import check_weight_files, load_tokenizer
 
         model = context.settings.model
         check_weight_files(model.path, model.allow_pickle, "model.path")  # vLLM would load pickle weights too

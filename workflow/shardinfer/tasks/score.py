@@ -18,7 +18,7 @@ from shardinfer.config import ModelSettings, Settings
 from shardinfer.errors import UserError
 from shardinfer.tasks.base import TaskInputs
 from shardinfer.tasks.classify import refuse_untrained_head
-from shardinfer.tasks.labels import adapter_head, label_names
+from shardinfer.hf.labels import adapter_head, label_names
 from shardinfer.tasks.text import TextTask
 
 

@@ -14,9 +14,9 @@ import pyarrow as pa
 
 from shardinfer.config import ModelSettings, Settings
 from shardinfer.errors import UserError
-from shardinfer.shard.batching import pad_batch
+from shardinfer.batching import pad_batch
 from shardinfer.tasks.base import LoadContext, Task, Window
-from shardinfer.shard.tokens import Encoder, TokenReader, TokenWindow, tokenize_window
+from shardinfer.hf.tokens import Encoder, TokenReader, TokenWindow, tokenize_window
 
 
 class TextTask(Task):
@@ -46,7 +46,7 @@ class TextTask(Task):
 
     @classmethod
     def load(cls, context: LoadContext) -> TextTask:
-        from shardinfer.shard.models import load_text_model
+        from shardinfer.hf.models import load_text_model
 
         tokenizer, loaded, pad_id = load_text_model(context.settings.model, cls.auto_class, context.dtype, context.device)
         return cls(loaded, tokenizer, pad_id, context)

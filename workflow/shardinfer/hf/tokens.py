@@ -1,4 +1,5 @@
-"""Token ids: made inside the shard job (in a background thread), or ahead by the tokenize rule.
+"""Token ids: made inside the shard job (in a background thread), or ahead by the tokenize rule
+(`shardinfer.shard.tokenize_job`), the same way.
 
 A row is one text, or a pair of texts (task score) tokenized as one sequence. The tokenize rule
 writes one file per shard under results/tokens/<tokenizer digest>/ holding each row's ids,
@@ -11,26 +12,18 @@ checksums (`atomic_parquet_writer`), verified when it is read: ids damaged on di
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import logging
-import os
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shardinfer.atomic import atomic_parquet_writer
-from shardinfer.config import Settings
 from shardinfer.errors import UserError
-from shardinfer.plan import Plan, read_plan
+from shardinfer.plan import Plan
 from shardinfer.contract.shard_file import INDEX_COLUMN
-from shardinfer.input.parts import windows
 from shardinfer.input.scan import text_values
 
-log = logging.getLogger(__name__)
 TOKENS_KEY = b"shardinfer.tokens"  # token file metadata: plan, range and tokenizer
 
 
@@ -103,44 +96,6 @@ def tokens_table(window: TokenWindow, schema: pa.Schema) -> pa.Table:
     data = [pa.array(window.token_data[name], type=pa.list_(pa.int32())) for name in schema.names[3:]]
     return pa.Table.from_arrays([index, pa.array(window.ids, type=pa.list_(pa.int32())), pa.array(cut), *data],
                                 schema=schema)
-
-
-@dataclass(frozen=True)
-class TokenizeJob:
-    settings: Settings
-    plan_path: str
-    shard: int
-    output: str
-    tokenizer_key: str
-    threads: int = 1
-    cut: str | None = None  # the shard's cut, read instead of the input without a shared filesystem (input.shard_cuts)
-
-
-def run_tokenize(job: TokenizeJob) -> int:
-    """The tokenize rule: the shard's rows into token ids, streamed window by window, atomically."""
-    from shardinfer.shard.models import load_tokenizer
-    from shardinfer.shard.transformers_import import hide_sklearn_from_transformers
-    from shardinfer.tasks import task_class
-
-    hide_sklearn_from_transformers()
-
-    plan = read_plan(job.plan_path).for_shard(job.shard, job.cut)
-    settings = job.settings
-    os.environ.setdefault("RAYON_NUM_THREADS", str(job.threads))  # the fast tokenizer's thread pool
-    encoder = task_class(settings.model.task).encoder_for(load_tokenizer(settings.model), settings)  # as the shard job's
-    schema = tokens_schema(token_identity(plan, job.shard, job.tokenizer_key), encoder.data)
-    rows, tokens, truncated, started = 0, 0, 0, time.perf_counter()
-    with atomic_parquet_writer(job.output, schema) as writer:
-        text_only = dataclasses.replace(settings.input, keep_columns=())  # keep columns are the shard job's
-        for first, table in windows(plan.shard_rows(text_only, job.shard), settings.batch.sort_window):
-            window = tokenize_window(encoder, first, table, settings.input.null_text == "empty")
-            writer.write_table(tokens_table(window, schema))
-            rows, tokens = rows + len(window.ids), tokens + sum(map(len, window.ids))
-            truncated += len(window.truncated)
-    seconds = time.perf_counter() - started
-    log.info("tokenized shard %d: %d rows, %d tokens (%d texts cut at max_length=%d) in %.1f s, %.0f tokens/s",
-             job.shard, rows, tokens, truncated, settings.model.max_length, seconds, tokens / max(seconds, 1e-9))
-    return rows
 
 
 def check_token_file(path: str, expected: dict) -> None:

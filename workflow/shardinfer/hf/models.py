@@ -15,9 +15,9 @@ import torch
 from safetensors import safe_open
 
 from shardinfer.config import ModelSettings
-from shardinfer.shard.tokenizer_files import VOCABULARY_FILES, is_vocabulary_file
+from shardinfer.hf.tokenizer_files import VOCABULARY_FILES, is_vocabulary_file
 from shardinfer.errors import UserError, first_line
-from shardinfer.tasks.labels import HEAD_MODULES, base_label_names, label_names
+from shardinfer.hf.labels import HEAD_MODULES, base_label_names, label_names
 
 log = logging.getLogger(__name__)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
