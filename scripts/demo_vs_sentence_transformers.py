@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "workflow"))
 
 from make_demo_data import demo_rows  # noqa: E402
-from shardinfer.config import resolve_model_path  # noqa: E402
+from shardinfer.configure import resolve_model_path  # noqa: E402
 
 ST_BATCH = 64
 ST_CODE = """

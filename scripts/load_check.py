@@ -380,7 +380,7 @@ def report_model_downloads(shards: int) -> None:
     the demo's model's files, as rule stage_model stages them; a tokenize job the tokenizer's alone."""
     import yaml
 
-    from shardinfer.config import resolve_model_path
+    from shardinfer.configure import resolve_model_path
     from shardinfer.errors import UserError
     from shardinfer.settings_digest import directory_fingerprint
     from shardinfer.hf.tokenizer_files import is_tokenizer_side

@@ -11,7 +11,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
 snakemake = globals()["snakemake"]  # the job object injected by the script: directive
 
-from shardinfer.config import settings_from_config  # noqa: E402
+from shardinfer.configure import settings_from_config  # noqa: E402
 from shardinfer.jobs import run_job  # noqa: E402
 from shardinfer.plan import read_plan  # noqa: E402
 from shardinfer.shard.tokenize_job import TokenizeJob, run_tokenize  # noqa: E402

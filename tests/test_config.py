@@ -9,7 +9,7 @@ import pytest
 
 from factory import REPO, input_frame, run_workflow, workflow_config, write_input
 from shardinfer.checks import check_settings, schema_errors
-from shardinfer.config import resolve_model_path, settings_from_config
+from shardinfer.configure import resolve_model_path, settings_from_config
 from shardinfer.input.discovery import detect_format
 from shardinfer.schema import SCHEMA_PATH, defaults, schema
 from shardinfer.settings_digest import output_digest

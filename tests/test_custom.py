@@ -23,7 +23,8 @@ import pytest
 import yaml
 
 from factory import REPO, read_predictions, run_workflow, run_workflows_ok
-from shardinfer.config import Settings, settings_from_config
+from shardinfer.config import Settings
+from shardinfer.configure import settings_from_config
 from shardinfer.settings_digest import output_digest
 from shardinfer.errors import ProofError, UserError
 from shardinfer.proof.gather import run_gather

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from shardinfer.config import settings_by_input
+from shardinfer.configure import settings_by_input
 from shardinfer.rule_params import InputJobs, shared_tokenizer_key
 from shardinfer.schema import SCHEMA_PATH
 from shardinfer.settings_digest import output_digest, tokenizer_digest

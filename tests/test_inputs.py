@@ -20,7 +20,7 @@ import pytest
 import reference
 from factory import gzipped, input_frame, prepare_workdir, run_workflow, workflow_config, write_input
 from shardinfer.checks import check_input_keys, check_inputs, schema_errors
-from shardinfer.config import settings_by_input
+from shardinfer.configure import settings_by_input
 from shardinfer.errors import UserError
 from shardinfer.rule_params import shared_tokenizer_key
 from shardinfer.terminal import summary_lines

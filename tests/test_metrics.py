@@ -23,7 +23,7 @@ from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precisio
 
 from factory import input_frame, prepare_workdir, run_workflow, write_input
 from shardinfer.checks import check_evaluate, check_inputs
-from shardinfer.config import settings_by_input
+from shardinfer.configure import settings_by_input
 from shardinfer.errors import UserError
 from shardinfer.metrics import check_gold, normalize_answer, score_predictions
 from shardinfer.report import CONFUSION_SIZE, DPI, write_report

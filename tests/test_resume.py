@@ -29,7 +29,8 @@ import pytest
 
 import plugins
 from factory import REPO, input_frame, input_settings, write_input
-from shardinfer.config import BatchSettings, ModelSettings, Settings, settings_from_config
+from shardinfer.config import BatchSettings, ModelSettings, Settings
+from shardinfer.configure import settings_from_config
 from shardinfer.errors import UserError
 from shardinfer.plan import remove_stale_shards, run_plan
 from shardinfer.proof.gather import run_gather

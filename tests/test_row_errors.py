@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from factory import REPO, read_predictions, run_workflow
-from shardinfer.config import BatchSettings, RowErrorSettings, Settings, settings_from_config
+from shardinfer.config import BatchSettings, RowErrorSettings, Settings
+from shardinfer.configure import settings_from_config
 from shardinfer.errors import ProofError, UserError
 from shardinfer.plan import run_plan
 from shardinfer.proof.gather import run_gather

@@ -12,7 +12,7 @@ import torch
 from factory import (REPO, build_tiny_cross_encoder, input_frame, read_predictions, run_workflows_ok, texts,
                      workflow_config, write_input)
 from shardinfer.checks import check_settings
-from shardinfer.config import settings_from_config
+from shardinfer.configure import settings_from_config
 from shardinfer.errors import UserError
 from shardinfer.plan import make_plan
 from shardinfer.shard.device_loop import predict_window, prepare_batches

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 import factory
-from shardinfer.config import ModelSettings, settings_by_input
+from shardinfer.config import ModelSettings
+from shardinfer.configure import settings_by_input
 from shardinfer.errors import UserError
 from shardinfer.settings_digest import output_digest, tokenizer_digest
 from shardinfer.stored_model import HANDED_VAR, ModelFiles, hand_on, handed, stage, with_handed_paths, with_staged

@@ -46,7 +46,7 @@ from shardinfer.checks import (
     check_writable,
     schema_errors,
 )
-from shardinfer.config import input_paths, settings_by_input
+from shardinfer.configure import input_paths, settings_by_input
 from shardinfer.input.bucket import bucket_listing
 from shardinfer.settings_digest import tokenizer_digest
 from shardinfer.errors import UserError

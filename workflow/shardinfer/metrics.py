@@ -6,7 +6,8 @@ nothing about it enters the shard digest, so switching `evaluate` reruns gather,
 Every number comes from scikit-learn, imported inside the functions that score: gather without an
 evaluate section never imports it. A gold value that cannot be scored (null, or a label the model
 does not know) is counted and named in the result, and the terminal warns of it: never dropped
-silently. How a task is scored is its `Task.scored_as`; this module names no task.
+silently. How a task is scored is its `Task.scored_as`; this module names no task. `headline` says
+the scores a user looks for first, in gather's log and on the terminal (`shardinfer.terminal`).
 """
 
 from __future__ import annotations
@@ -62,6 +63,18 @@ def score_predictions(path: str, model: dict, column: str) -> dict:
     table = pq.read_table(path, columns=list(dict.fromkeys([column, *COMPARED[scored_as]])))
     metrics = SCORERS[scored_as](table, column, kind, model)
     return {"task": model["task"], "label_column": column, "rows": table.num_rows, **metrics}
+
+
+def headline(metrics: dict) -> str:
+    """The scores a user looks for first (`evaluate:`): accuracy and macro F1, or exact match."""
+    if metrics["scored"] == 0:
+        return f"nothing scored: no row of `{metrics['label_column']}` holds a gold value the model knows"
+    against = f"over {metrics['scored']:,} rows scored against `{metrics['label_column']}`"
+    if "exact_match" in metrics:
+        return (f"exact match {metrics['exact_match']:.4f} (normalized {metrics['normalized_exact_match']:.4f}) "
+                f"{against}")
+    return (f"accuracy {metrics['accuracy']:.4f}, macro F1 {metrics['macro_f1']:.4f} {against} "
+            f"({metrics['compared_with']})")
 
 
 def gold_values(gold: pa.ChunkedArray, kind: str) -> list:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from shardinfer.contract.shard_file import computed
+from shardinfer.metrics import headline
 from shardinfer.tasks import counts_tokens
 
 
@@ -69,18 +70,6 @@ def throughput(run: dict) -> str:
     if run.get("generated_tokens_per_s") is not None:
         text += f", {run['generated_tokens_per_s']:,.1f} generated tokens/s"
     return text
-
-
-def headline(metrics: dict) -> str:
-    """The scores a user looks for first (`evaluate:`): accuracy and macro F1, or exact match."""
-    if metrics["scored"] == 0:
-        return f"nothing scored: no row of `{metrics['label_column']}` holds a gold value the model knows"
-    against = f"over {metrics['scored']:,} rows scored against `{metrics['label_column']}`"
-    if "exact_match" in metrics:
-        return (f"exact match {metrics['exact_match']:.4f} (normalized {metrics['normalized_exact_match']:.4f}) "
-                f"{against}")
-    return (f"accuracy {metrics['accuracy']:.4f}, macro F1 {metrics['macro_f1']:.4f} {against} "
-            f"({metrics['compared_with']})")
 
 
 def unscored_gold(metrics: dict, summary_path: str) -> str | None:

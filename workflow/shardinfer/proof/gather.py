@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from shardinfer.atomic import atomic_parquet_writer, write_json_atomic
 from shardinfer.config import EvaluateSettings, InputSettings
-from shardinfer.metrics import check_gold, score_predictions
+from shardinfer.metrics import check_gold, headline, score_predictions
 from shardinfer.contract.content_digest import CONTENT_KEY, ContentHasher
 from shardinfer.errors import ProofError, UserError
 from shardinfer.contract.row_files import prove_files, refuse_unlisted, staging_folder
@@ -34,7 +34,6 @@ from shardinfer.plan import Plan, read_plan
 from shardinfer.contract.shard_file import FILE_TYPE, IDENTITY_KEY, INDEX_COLUMN, STATS_KEY, computed
 from shardinfer.input.scan import count_rows
 from shardinfer.tasks import TASKS, task_class
-from shardinfer.terminal import headline
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,111 @@
+"""The settings of a validated config, built once when the Snakefile loads (and by a tokenize job,
+from the config it is given): the input's format and parts resolved, the columns its task reads,
+`shards: auto` as this machine resolved it, a `pkg:` model path inside its package.
+
+`shardinfer.config` holds the settings' dataclasses alone, so that the input and the tasks, which
+this module asks, can import them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from shardinfer.auto_shards import AUTO
+from shardinfer.config import BatchSettings, EvaluateSettings, InputSettings, ModelSettings, RowErrorSettings, Settings
+from shardinfer.errors import UserError
+from shardinfer.input.discovery import resolve_input
+from shardinfer.tasks import TASKS, task_class
+
+PACKAGE_PREFIX = "pkg:"
+
+
+def settings_by_input(config: dict, auto_shards: int | None = None,
+                      listed: dict[str, list[str]] | None = None) -> dict[str | None, Settings]:
+    """The settings of each input of a validated config, by name: `{None: ...}` for its one `input`,
+    `{name: ...}` for each of its `inputs`, in the config's order. `auto_shards`: what `shards: auto`
+    resolved to on this machine (`shardinfer.auto_shards`); `listed`: see `settings_from_config`."""
+    if "inputs" not in config:
+        return {None: settings_from_config(config, auto_shards=auto_shards, listed=listed)}
+    return {name: settings_from_config(config, name, auto_shards, listed) for name in config["inputs"]}
+
+
+def input_paths(config: dict) -> list[str]:
+    """`input.path`, or each of the `inputs`' paths."""
+    return [config["input"]["path"]] if "input" in config else [inp["path"] for inp in config["inputs"].values()]
+
+
+def settings_from_config(config: dict, name: str | None = None, auto_shards: int | None = None,
+                         listed: dict[str, list[str]] | None = None) -> Settings:
+    """Build settings from a config that the schema has validated and filled with defaults: for its
+    `input`, or for the input `name` of its `inputs` (with that input's own `shards`, if it has one).
+    `auto_shards`: the count `shards: auto` stands for (None: `auto` is refused). `listed`: without a
+    shared filesystem, the object names in the bucket under each input path (`discovery.listing_root`)."""
+    inp, model = config["input"] if name is None else config["inputs"][name], config["model"]
+    shards = inp.get("shards", config["shards"])
+    if shards == AUTO:
+        if auto_shards is None:
+            raise UserError("config `shards: auto` needs this machine's count: resolve it first (shardinfer.auto_shards)")
+        shards = auto_shards
+    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+        raise UserError(f"config `shards` must be an integer >= 1 or `auto`; got {shards!r}")
+    fmt, parts = resolve_input(inp["path"], inp["format"], inp["split"], None if listed is None else listed[inp["path"]])
+    reads = task_class(model["task"]).inputs(inp, dict(config.get(model["task"]) or {})) if model["task"] in TASKS else None
+    return Settings(
+        input=InputSettings(
+            path=inp["path"],
+            format=fmt,
+            parts=parts,
+            text_column=inp["text_column"],
+            keep_columns=tuple(inp["keep_columns"]),
+            null_text=inp["null_text"],
+            columns=tuple(inp.get("columns") or ()),
+            stage=inp["stage"],
+            delimiter=inp["delimiter"],
+            split=inp["split"],
+            task_columns=reads.columns if reads else (),
+            column_keys=reads.keys if reads else (),
+            text_columns=reads.texts if reads else None,
+        ),
+        model=ModelSettings(
+            path=None if model["path"] is None else resolve_model_path(model["path"]),
+            adapter=model["adapter"],
+            task=model["task"],
+            max_length=model["max_length"],
+            dtype=model["dtype"],
+            trust_remote_code=model["trust_remote_code"],
+            allow_pickle=model["allow_pickle"],
+            labels=None if model["labels"] is None else tuple(model["labels"]),
+            max_new_tokens=model["max_new_tokens"],
+            entrypoint=model["entrypoint"],
+            options=dict(model["options"]),
+        ),
+        batch=BatchSettings(**config["batch"]),
+        shards=shards,
+        tokenize_ahead=config["tokenize"]["ahead"],
+        task_settings=dict(config.get(model["task"]) or {}),
+        evaluate=EvaluateSettings(**(config.get("evaluate") or {})),
+        row_errors=row_error_settings(config.get("row_errors") or {}),
+    )
+
+
+def row_error_settings(section: dict) -> RowErrorSettings:
+    """`row_errors:`; a cap of 1 or more is a count of rows, so it must be whole."""
+    settings = RowErrorSettings(**section)
+    if settings.max >= 1 and settings.max != int(settings.max):
+        raise UserError(f"row_errors.max is a count of rows when 1 or more (a fraction of the shard's rows "
+                        f"below 1); got {settings.max!r}")
+    return settings
+
+
+def resolve_model_path(path: str) -> str:
+    """Turn `pkg:<package>/<subdir>` into the directory inside the installed package."""
+    if not path.startswith(PACKAGE_PREFIX):
+        return path
+    package, _, subdir = path[len(PACKAGE_PREFIX) :].partition("/")
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError(f"model.path `{path}`: Python package `{package}` is not installed")
+    return str(Path(list(spec.submodule_search_locations)[0]) / subdir)
+
+
