@@ -61,7 +61,8 @@ from make_demo_data import demo_rows  # noqa: E402
 from shardinfer.batching import length_sorted_batches  # noqa: E402
 from shardinfer.config import BatchSettings, InputSettings, ModelSettings, Settings  # noqa: E402
 from shardinfer.configure import resolve_model_path  # noqa: E402
-from shardinfer.shard.job import ShardJob, first_window, run_shard  # noqa: E402
+from shardinfer.shard.job import first_window, run_shard  # noqa: E402
+from shardinfer.shard.runtime import ShardJob  # noqa: E402
 from shardinfer.plan import run_plan  # noqa: E402
 from shardinfer.tasks.generate_vllm import vllm_installed  # noqa: E402
 from shardinfer.shard.tokenize_job import TokenizeJob, run_tokenize  # noqa: E402

@@ -7,7 +7,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
 snakemake = globals()["snakemake"]  # the job object injected by the script: directive
 
 from shardinfer.config import job_settings  # noqa: E402
-from shardinfer.shard.job import ShardJob, run_shard  # noqa: E402
+from shardinfer.shard.job import run_shard  # noqa: E402
+from shardinfer.shard.runtime import ShardJob  # noqa: E402
 from shardinfer.jobs import run_job  # noqa: E402
 from shardinfer.stored_model import with_staged  # noqa: E402
 

@@ -28,7 +28,8 @@ from shardinfer.configure import settings_from_config
 from shardinfer.settings_digest import output_digest
 from shardinfer.errors import ProofError, UserError
 from shardinfer.proof.gather import run_gather
-from shardinfer.shard.job import ShardJob, run_shard
+from shardinfer.shard.job import run_shard
+from shardinfer.shard.runtime import ShardJob
 from shardinfer.plan import remove_stale_shards, run_plan
 from shardinfer.contract.shard_file import IDENTITY_KEY
 from shardinfer.shard.resume import resume_row, windows_folder

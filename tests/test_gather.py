@@ -14,7 +14,8 @@ from factory import flip_a_data_page_byte, input_frame, input_settings, write_in
 from shardinfer.config import BatchSettings, ModelSettings, Settings
 from shardinfer.errors import ProofError, UserError
 from shardinfer.proof.gather import run_gather
-from shardinfer.shard.job import ShardJob, run_shard
+from shardinfer.shard.job import run_shard
+from shardinfer.shard.runtime import ShardJob
 from shardinfer.plan import read_plan, run_plan
 from shardinfer.contract.shard_file import IDENTITY_KEY
 from shardinfer.contract.content_digest import CONTENT_KEY

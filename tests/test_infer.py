@@ -19,7 +19,8 @@ from factory import input_frame, input_settings, write_input
 from shardinfer.config import BatchSettings, ModelSettings, Settings
 from shardinfer.shard.device_loop import predict_window, prepare_batches
 from shardinfer.errors import UserError
-from shardinfer.shard.job import ShardJob, run_shard
+from shardinfer.shard.job import run_shard
+from shardinfer.shard.runtime import ShardJob
 from shardinfer.shard.pipeline import Pipeline
 from shardinfer.plan import read_plan, run_plan
 from shardinfer.contract.shard_file import STATS_KEY

@@ -37,7 +37,8 @@ from shardinfer.proof.gather import run_gather
 from shardinfer.contract.shard_file import STATS_KEY
 from shardinfer.settings_digest import output_digest
 from shardinfer.shard import job as job_module
-from shardinfer.shard.job import ShardJob, run_shard
+from shardinfer.shard.job import run_shard
+from shardinfer.shard.runtime import ShardJob
 from shardinfer.shard.resume import windows_folder
 from shardinfer.shard.tokenize_job import TokenizeJob, run_tokenize
 

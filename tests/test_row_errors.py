@@ -29,7 +29,8 @@ from shardinfer.plan import run_plan
 from shardinfer.proof.gather import run_gather
 from shardinfer.settings_digest import output_digest
 from shardinfer.shard.device_loop import RowErrors, predict_window, prepare_batches
-from shardinfer.shard.job import ShardJob, run_shard
+from shardinfer.shard.job import run_shard
+from shardinfer.shard.runtime import ShardJob
 from shardinfer.tasks.base import Task, Window
 
 CPU = torch.device("cpu")

@@ -1,0 +1,68 @@
+"""What a shard job is given (`ShardJob`: the infer rule's inputs, outputs and params) and what it
+runs with once started (`Runtime`): the device and precision it chose, the task loaded on them and
+the batch budget resolved for that device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from shardinfer.batching import batch_budget
+from shardinfer.config import BatchSettings, Settings
+from shardinfer.devices import Lease
+from shardinfer.hf.models import choose_device, choose_dtype
+from shardinfer.tasks import engine_class
+from shardinfer.tasks.base import LoadContext, Task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    settings: Settings
+    plan_path: str
+    shard: int
+    output: str
+    digest: str
+    threads: int = 1
+    tokens: str | None = None  # the tokenize rule's file for this shard, when tokenizing ahead
+    tokenizer_key: str | None = None
+    files: str | None = None  # the shard's folder of per-row files (results/files/<shard>), when the task may write any
+    cut: str | None = None  # the shard's cut, read instead of the input without a shared filesystem (input.shard_cuts)
+
+
+@dataclass
+class Runtime:
+    task: Task
+    device: torch.device
+    where: str
+    dtype: str
+    batch: BatchSettings  # batch.max_tokens resolved for this device (`auto`)
+
+
+def start_runtime(job: ShardJob, lease: Lease) -> Runtime:
+    """Pick device and precision, then load the task (its model, tokenizer or the user's code)."""
+    settings = job.settings
+    device = choose_device(job.threads)
+    dtype = choose_dtype(settings.model.dtype, device)
+    if device.type == "cuda":
+        where = f"cuda (CUDA_VISIBLE_DEVICES={lease.visible}, {torch.cuda.get_device_name(device)})"
+    else:
+        where = f"cpu ({torch.get_num_threads()} threads)"
+    log.info("running on %s in %s", where, dtype)
+    loaded_at = time.perf_counter()
+    task = engine_class(settings).load(LoadContext(settings, device, dtype, job.tokens))
+    what = settings.model.path or settings.model.entrypoint
+    adapter = f" + adapter {settings.model.adapter}" if settings.model.adapter else ""
+    log.info("loaded %s%s (task %s) in %.1f s", what, adapter, settings.model.task, time.perf_counter() - loaded_at)
+    budget = batch_budget(settings.batch.max_tokens, device.type == "cuda", torch.get_num_threads(), task.one_pass)
+    if not task.own_batches:
+        log.info("batches of at most %d padded tokens (batch.max_tokens: %s) and %d rows", budget,
+                 settings.batch.max_tokens, settings.batch.max_rows)
+    batch = dataclasses.replace(settings.batch, max_tokens=budget)
+    return Runtime(task, device, where, str(dtype).replace("torch.", ""), batch)
