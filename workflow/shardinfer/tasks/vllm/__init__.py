@@ -1,0 +1,27 @@
+"""Task generate on vLLM's offline engine (`generate.engine: vllm`): continuous batching, a paged
+KV cache and prefix caching, inside the same plan, shards, atomic shard files and proof.
+
+What stays the transformers engine's (`shardinfer.tasks.generate`): the prompts, token for token
+(chat template, system prompt, left truncation to max_length with a leading BOS kept), the eos
+ids (the tokenizer's and the generation_config's), decoding (special tokens skipped, cut before a
+stop string) and the output columns. What the engine gets:
+
+- **Whole windows.** Each window of `batch.sort_window` rows is one `enqueue` of token-id prompts
+  (`{"prompt_token_ids": ...}`), and the engine schedules them itself; `batch.max_tokens` and
+  `max_rows` do not apply (`generate.vllm.max_num_seqs` and `max_num_batched_tokens` do). The
+  pipeline reads, tokenizes and writes the windows around it in background threads.
+- **Exactly once, checked.** Each row's request id comes back from `enqueue`; every output is
+  matched to its row by that id, and a row missing, returned twice, with other prompt ids than
+  were sent, or ended otherwise than eos, length or stop (`abort`, `error`, ...) fails the shard
+  in one line naming the row. The shard file is written only when its last window holds.
+- **One seed per row.** `SamplingParams(seed=row_seed(generate.seed, global row index))`: a row's
+  sample depends on its prompt, the seed and its index, not on the rows beside it in the engine.
+- **In-process engine** (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): no engine-core process is spawned,
+  so nothing re-imports the Snakemake job's script (its body runs once), and scheduling is
+  deterministic (vLLM's reproducibility docs).
+
+Its modules: `checks` (what is refused before any job runs, and the engine's identity in the shard
+digest), `engine` (the engine's arguments and start), `task` (the task on the engine) and
+`matching` (each output to its row, checked). They import vLLM inside their functions only: the
+config checks read its settings without it.
+"""

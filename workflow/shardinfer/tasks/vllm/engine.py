@@ -1,0 +1,121 @@
+"""vLLM's offline engine in the shard job's process: its arguments (the workflow's own, the
+device's defaults, then the user's `generate.vllm`), its environment, its start and its progress
+lines in the shard log.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+from shardinfer.errors import UserError, first_line
+from shardinfer.config import ModelSettings
+from shardinfer.tasks.base import LoadContext
+from shardinfer.tasks.vllm.checks import INSTALL_HINT, check_lora, vllm_version
+
+log = logging.getLogger(__name__)
+
+CPU_KV_CAP_BYTES = 4 << 30  # the most the CPU default gives the KV cache (set kv_cache_memory_bytes for more)
+
+
+def kv_bytes_per_token(model_path: str, dtype: str, trust_remote_code: bool = False) -> int:
+    """KV cache bytes one token takes: keys and values of every layer's KV heads (transformers'
+    config maps each architecture's names, e.g. GPT-2's n_layer and n_head)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code).get_text_config()
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        layers = config.num_hidden_layers
+    except (AttributeError, OSError, ValueError, KeyError, TypeError) as error:
+        raise UserError(f"model.path `{model_path}`: cannot size the CPU KV cache from its config ({first_line(error)}); "
+                        "set generate.vllm.kv_cache_memory_bytes") from None
+    return 2 * layers * heads * head_dim * (4 if dtype == "float32" else 2)
+
+
+def cpu_kv_cache_bytes(model: ModelSettings, dtype: str, max_model_len: int, max_num_seqs: int) -> int:
+    """On CPU, where vLLM's default takes a share of host memory: room for `max_num_seqs` rows of
+    max_model_len tokens, at most CPU_KV_CAP_BYTES."""
+    per_token = kv_bytes_per_token(model.path, dtype, model.trust_remote_code)
+    return min(per_token * max_model_len * max_num_seqs, CPU_KV_CAP_BYTES)
+
+
+def engine_arguments(context: LoadContext) -> dict:
+    """LLM(...) keyword arguments: the workflow's own (OWNED_ARGUMENTS), the engine's defaults for
+    this device, then the user's `generate.vllm` mapping."""
+    model, options = context.settings.model, context.settings.task_settings
+    dtype = str(context.dtype).replace("torch.", "")
+    user = dict(options.get("vllm") or {})
+    arguments = {"model": model.path, "tokenizer": model.path, "dtype": dtype, "trust_remote_code": model.trust_remote_code,
+                 "max_model_len": model.max_length + model.max_new_tokens, "generation_config": "vllm", "seed": 0}
+    if model.adapter is not None:
+        arguments.update(enable_lora=True, max_loras=1, max_lora_rank=check_lora(model.adapter))
+    if context.device.type == "cpu":
+        defaults = {"enforce_eager": True}  # torch.compile on CPU costs minutes of start-up
+        if "kv_cache_memory_bytes" not in user and "gpu_memory_utilization" not in user:
+            seqs = int(user.get("max_num_seqs", 256))
+            defaults.update(max_num_seqs=seqs, kv_cache_memory_bytes=cpu_kv_cache_bytes(
+                model, dtype, arguments["max_model_len"], seqs))
+        arguments.update(defaults)
+    return {**arguments, **user}
+
+
+def engine_environment() -> None:
+    """Set before vLLM is imported: the engine in this process, its log on stderr (the shard log,
+    not the terminal) and the job's CPU threads (else vLLM serves on one)."""
+    import torch
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # no engine-core process: the job's body runs once
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
+
+
+def start_engine(context: LoadContext):
+    """vLLM's offline engine, in this process, with its log in the job's log."""
+    engine_environment()
+    try:
+        from vllm import LLM
+        from vllm.exceptions import VLLMError
+    except ImportError as error:
+        raise UserError(f"generate.engine vllm: vLLM cannot be imported here ({first_line(error)}); {INSTALL_HINT}") from None
+    arguments = engine_arguments(context)
+    started = time.perf_counter()
+    try:
+        engine = LLM(**arguments)
+    except (VLLMError, ValueError, TypeError, RuntimeError, OSError, KeyError, NotImplementedError) as error:
+        raise UserError(f"generate.engine vllm: the engine did not start for model.path `{context.settings.model.path}` "
+                        f"({first_line(error)})") from error
+    seconds = time.perf_counter() - started
+    log.info("vLLM engine (%s) started in %.1f s with %s", vllm_version(), seconds,
+             {k: v for k, v in arguments.items() if k not in ("model", "tokenizer")})
+    return engine, seconds
+
+
+class EngineProgress:
+    """What vLLM's offline loop asks of the tqdm bar it is given (`update`, `n`, `postfix`,
+    `format_dict`, `refresh`, `close`), logged as a line per interval instead of drawn: progress
+    inside a window, which the shard's own progress counts only once written."""
+
+    def __init__(self, total: int = 0, interval_s: float = 30.0, **_: Any) -> None:
+        self.total, self.n, self.interval_s, self.postfix = total, 0, interval_s, ""
+        self.started = self.logged = time.perf_counter()
+
+    @property
+    def format_dict(self) -> dict:
+        return {"elapsed": max(time.perf_counter() - self.started, 1e-9)}
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if time.perf_counter() - self.logged >= self.interval_s and self.n < self.total:
+            self.logged = time.perf_counter()
+            log.info("engine: %d/%d prompts of this window done, %.1f prompts/s", self.n, self.total,
+                     self.n / self.format_dict["elapsed"])
+
+    def refresh(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
