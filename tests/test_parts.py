@@ -19,7 +19,7 @@ import pytest
 
 from factory import flip_a_data_page_byte, input_frame, input_settings, run_workflow, workflow_config, write_input
 from shardinfer.errors import ProofError, UserError
-from shardinfer.proof.gather import prove
+from shardinfer.proof.prove import prove
 from shardinfer.input.identity import gather_trigger, plan_trigger
 from shardinfer.input.discovery import resolve_input
 from shardinfer.input.formats.base import common_type

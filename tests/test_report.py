@@ -19,7 +19,8 @@ import yaml
 
 from factory import REPO, prepare_workdir
 from shardinfer.errors import UserError
-from shardinfer.proof.gather import ShardFile, run_facts, token_lengths
+from shardinfer.proof.prove import ShardFile
+from shardinfer.proof.summary import run_facts, token_lengths
 from shardinfer.plan import Plan
 from shardinfer.report import (MAX_BARS, SHARD_COLUMNS, ReportFiles, html_table, load_seconds, rows_per_s,
                                run_rows, shard_columns, shard_rows, show, write_report)

@@ -76,7 +76,7 @@ def test_parts_named_as_configured_plan_alike_wherever_their_copies_were(tmp_pat
 def test_gather_refuses_downloaded_parts_other_than_the_planned_ones(tmp_path):
     """Each job lists the bucket again: a gather job whose listing found other parts (one renamed,
     added or removed since planning) refuses them before reading any."""
-    from shardinfer.proof.gather import prove
+    from shardinfer.proof.prove import prove
 
     frame = input_frame(40)
     copies = [write_input(frame.iloc[a:b], tmp_path / "dl" / "s3" / "bucket" / "run" / "data" / name)

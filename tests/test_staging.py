@@ -18,7 +18,7 @@ from factory import gzipped, input_frame, input_settings
 from shardinfer.input.formats import parquet, text_blocks
 from shardinfer.input.formats import text_blocks as tables
 from shardinfer.errors import ProofError, UserError
-from shardinfer.proof.gather import check_part
+from shardinfer.proof.prove import check_part
 from shardinfer.input.parts import iter_pieces
 from shardinfer.plan import make_plan, read_plan, run_plan
 from shardinfer.input.formats import format_named
