@@ -9,7 +9,7 @@ snakemake = globals()["snakemake"]  # the job object injected by the script: dir
 from shardinfer.jobs import run_job  # noqa: E402
 from shardinfer.report import ReportFiles, write_report  # noqa: E402
 
-# The `evaluate:` items are outputs only when it is on (METRICS_ITEMS in common.smk), the text-length
-# figure only for a task that counts tokens (TOKEN_ITEMS): None otherwise.
+# The `evaluate:` items are outputs only when it is on, the text-length figure only for a task that
+# counts tokens (shardinfer.layout.OPTIONAL_REPORTS): None otherwise.
 files = ReportFiles(**{name: getattr(snakemake.output, name, None) for name in ReportFiles.__dataclass_fields__})
 run_job(snakemake.log[0], write_report, snakemake.input.summary, files)

@@ -128,7 +128,7 @@ def test_find_cycle_sees_one():
 
 
 def test_planning_and_gathering_import_no_torch():
-    code = ("import sys; import shardinfer.checks, shardinfer.configure, shardinfer.plan, "
+    code = ("import sys; import shardinfer.checks, shardinfer.configure, shardinfer.layout, shardinfer.plan, "
             "shardinfer.proof.gather, shardinfer.input.shard_bound, shardinfer.rule_params, shardinfer.report, "
             "shardinfer.terminal; print(sorted(m for m in ('torch', 'transformers', 'vllm') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO / "workflow", capture_output=True, text=True,

@@ -1,31 +1,31 @@
 rule infer:
     input:
-        **TOKENS_INPUT,
+        **LAYOUT.tokens_input,
         # The copies the shards read of parts they cannot read by range (often none): a folder
         # deleted by hand replans instead of failing the shards. Without a shared filesystem: the
-        # shard's own rows, cut by the plan (common.smk).
-        **SHARD_READS,
+        # shard's own rows, cut by the plan (shardinfer.layout).
+        **LAYOUT.shard_reads,
         # Without a shared filesystem: the model's copies in storage (common.smk).
-        **INFER_MODEL,
+        **model_copies(model="model", adapter="adapter"),
         # Not the input's files: the plan stands for them (a changed input replans, and a newer
         # plan reruns the shards), and listing every part in every shard job costs parts x shards.
         plan=rules.plan.output.plan,
     output:
-        **SHARD_FILES_OUTPUT,
-        shard=SHARD_FILE,
+        **outputs(LAYOUT.files_output),
+        shard=LAYOUT.shard_file,
     log:
-        named_path("logs/infer/{shard}.log"),
+        LAYOUT.path("logs/infer/{shard}.log"),
     benchmark:
-        named_path("logs/infer/{shard}.benchmark.tsv")
+        LAYOUT.path("logs/infer/{shard}.benchmark.tsv")
     conda:
         "../../envs/inference.yaml"
     threads: INFER_THREADS
     resources:
         gpu=1,
     params:
-        settings=input_value("job_settings"),
-        digest=input_value("digest"),
-        tokenizer_key=TOKENIZER_KEY,
-        outdated=outdated_outputs,
+        settings=LAYOUT.input_value("job_settings"),
+        digest=LAYOUT.input_value("digest"),
+        tokenizer_key=LAYOUT.tokenizer_key,
+        outdated=LAYOUT.outdated,
     script:
         "../../scripts/infer.py"

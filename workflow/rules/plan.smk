@@ -1,27 +1,27 @@
 rule plan:
     input:
-        table=input_value("files"),
+        table=LAYOUT.input_value("files"),
     output:
         # Copies of the parts that shards cannot read by range (input.stage; often empty), or without a
-        # shared filesystem each shard's rows (common.smk).
-        **PLAN_READS,
-        plan=named_path("results/plan.json"),
+        # shared filesystem each shard's rows (shardinfer.layout).
+        **outputs(LAYOUT.plan_outputs),
+        plan=LAYOUT.path("results/plan.json"),
     log:
-        named_path("logs/plan.log"),
+        LAYOUT.path("logs/plan.log"),
     benchmark:
-        named_path("logs/plan.benchmark.tsv")
+        LAYOUT.path("logs/plan.benchmark.tsv")
     conda:
         "../../envs/inference.yaml"
     params:
-        input=input_value("plan_input"),
-        shards=input_value("shards"),
+        input=LAYOUT.input_value("plan_input"),
+        shards=LAYOUT.input_value("shards"),
         max_length=SETTINGS.model.max_length,
         # What a row adds to its cost in a batch (generate: max_new_tokens), balanced too.
         overhead=PLAN_OVERHEAD,
-        shard_dir=os.path.dirname(SHARD_FILE),
-        files_dir=os.path.dirname(FILES_DIR),
+        shard_dir=LAYOUT.shard_dir,
+        files_dir=LAYOUT.files_root,
         # Only a rerun trigger: a replaced input with an older mtime replans too.
-        input_version=input_value("version"),
-        outdated=outdated_outputs,
+        input_version=LAYOUT.input_value("version"),
+        outdated=LAYOUT.outdated,
     script:
         "../../scripts/plan.py"

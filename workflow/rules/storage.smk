@@ -1,13 +1,7 @@
 # Without a shared filesystem (README, "Without a shared filesystem"): what the main Snakemake
-# process does in the bucket for its jobs, which see only their own declared files. `STORAGE` and the
-# rules' storage inputs and outputs are in common.smk; the Snakefile calls these from onstart,
-# onsuccess and onerror. Each does nothing on a shared filesystem.
-
-
-def stored_at(path):
-    """Where a result lies: `path` itself, or without a shared filesystem its object in storage
-    (the default storage prefix before it, as Snakemake maps every input and output)."""
-    return f"{STORAGE_PREFIX}/{path}" if STORAGE_PREFIX else path
+# process does in the bucket for its jobs, which see only their own declared files. `STORAGE` is in
+# common.smk, the rules' storage inputs and outputs in shardinfer.layout; the Snakefile calls these
+# from onstart, onsuccess and onerror. Each does nothing on a shared filesystem.
 
 
 def written_in_this_run(path):
@@ -17,7 +11,9 @@ def written_in_this_run(path):
     if not STORAGE:
         fresh = os.path.isfile(path) and os.path.getmtime(path) >= STARTED
         return path if fresh else None
-    stored = workflow.storage_registry.default_storage_provider.object(stored_at(path))
+    stored = workflow.storage_registry.default_storage_provider.object(
+        LAYOUT.stored_at(path)
+    )
     if not workflow.async_run(stored.managed_exists()):
         return None
     if workflow.async_run(stored.managed_mtime()) < STARTED:
@@ -58,7 +54,7 @@ def print_failed_logs_from_storage(main_logs):
 
 def remove_outdated_from_storage():
     """Without a shared filesystem, the plan and shard jobs cannot remove the table they outdate
-    (`outdated_outputs`: they see no bucket). So this process does, before any job runs, for each
+    (`Layout.outdated`: they see no bucket). So this process does, before any job runs, for each
     input whose plan, tokenize or shard jobs this run is about to rerun: a run that fails after it
     never leaves the previous table in the bucket as if it were current.
     """
@@ -71,10 +67,10 @@ def remove_outdated_from_storage():
     }
     provider = workflow.storage_registry.default_storage_provider
     for name in sorted(rerun, key=str):
-        for path in outdated_outputs({"name": name}):
-            stored = provider.object(stored_at(path))
+        for path in LAYOUT.outdated({"name": name}):
+            stored = provider.object(LAYOUT.stored_at(path))
             if workflow.async_run(stored.managed_exists()):
                 logger.info(
-                    f"shardinfer: removed {stored_at(path)}, outdated by this run"
+                    f"shardinfer: removed {LAYOUT.stored_at(path)}, outdated by this run"
                 )
                 workflow.async_run(stored.managed_remove())

@@ -12,9 +12,12 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from shardinfer.checks import check_inputs, check_writable
 from shardinfer.config import Settings
-from shardinfer.settings_digest import output_digest
+from shardinfer.configure import settings_by_input
 from shardinfer.input.identity import gather_trigger, plan_trigger, storage_trigger
+from shardinfer.settings_digest import output_digest, tokenizer_digest
+from shardinfer.stored_model import ModelFiles, hand_on, handed, with_handed_paths
 
 
 # Sections of the settings that decide how fast rows are computed, never what comes out: not in
@@ -62,6 +65,35 @@ class InputJobs:
             job_settings=job_settings,
             evaluate=evaluate,
         )
+
+
+def jobs_by_input(config: dict, storage: bool = False, main_process: bool = True, auto_shards: int | None = None,
+                  listed: dict[str, list[str]] | None = None) -> tuple[dict[str | None, InputJobs], ModelFiles | None]:
+    """What the jobs of each input of a validated config take (`configure.settings_by_input`: its
+    `auto_shards` and `listed`), checked against the file system once, by the main process; and
+    without a shared filesystem (`storage`) the model's files (`shardinfer.stored_model`): a job's
+    node may lack the model, so the main process reads it, checks the inputs and hands on what the
+    jobs take, and a job (`main_process` false) takes what it was handed."""
+    job_model = storage and not main_process and handed()
+    if job_model:
+        config = with_handed_paths(config, job_model)
+    by_name = settings_by_input(config, auto_shards, listed)
+    if not job_model:
+        check_inputs(by_name, storage)
+    if main_process:
+        check_writable()
+    model = job_model or (hand_on(next(iter(by_name.values()))) if storage else None)
+    fingerprints = model and (model.model, model.adapter)
+    return {name: InputJobs.of(settings, storage, fingerprints) for name, settings in by_name.items()}, model
+
+
+def tokenizer_key(inputs: dict[str | None, InputJobs], model: ModelFiles | None = None) -> str | None:
+    """The token files' folder name when tokenizing ahead (None: not): one for every input
+    (`shared_tokenizer_key`), from the tokenizer facts the main process handed on when there are
+    (`model`, no shared filesystem)."""
+    if not next(iter(inputs.values())).settings.tokenize_ahead:
+        return None
+    return shared_tokenizer_key([tokenizer_digest(jobs.settings, model and model.tokenizer) for jobs in inputs.values()])
 
 
 def shared_tokenizer_key(keys: list[str]) -> str:
