@@ -89,6 +89,18 @@ def test_gather_times_the_run_from_first_start_to_last_end():
     assert token_lengths(shards) == {"10": 180, "32": 120}
 
 
+def test_gather_sums_the_tasks_running_totals_and_rates_them_over_the_wall_time():
+    """Task.totals (generate's generated tokens): in all, and what the jobs that finished the shards
+    made of them per second (a resumed shard's kept windows excluded); none for a task without."""
+    plan = Plan("p1", "in.parquet", (), 200, ((0, 100), (100, 200)), (900, 900), ((), ()))
+    stats = [{**shard_stats(1.0, 1000.0), "generated_tokens": 600},
+             {**shard_stats(1.0, 1007.0), "generated_tokens": 400, "resumed_generated_tokens": 100}]
+    shards = [ShardFile(i, f"{i}.parquet", 100, None, stats[i], "sha256:0") for i in range(2)]
+    run = run_facts(plan, shards, {"task": "generate"})
+    assert run["wall_s"] == 10.0 and (run["generated_tokens"], run["generated_tokens_per_s"]) == (1000, 90.0)
+    assert "generated_tokens" not in run_facts(plan, shards, {"task": "classify"})
+
+
 def test_gather_leaves_rates_out_when_a_shard_predates_the_timings():
     plan = Plan("p1", "in.parquet", (), 100, ((0, 100),), (900,), ((),))
     run = run_facts(plan, [ShardFile(0, "0.parquet", 100, None, {"rows": 100, "seconds": 1.0}, "sha256:0")], {})

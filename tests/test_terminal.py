@@ -88,3 +88,17 @@ def test_a_custom_task_has_no_tokens_or_padding_on_the_terminal():
     summary = {**SUMMARY, "truncated": 0, "run": {**SUMMARY["run"], "task": "custom"}}
     line = summary_lines(summary, "p.parquet", "s.json")[1]
     assert "123.5 rows/s over 8.1 s" in line and "tokens" not in line and "padding" not in line
+
+
+def test_a_tasks_running_totals_are_rates_on_the_terminal_the_run_wide_and_this_runs():
+    """Task.totals: generate's generated tokens, per second over the run, and over this run's shard
+    jobs after a partial rerun (a resumed job's own work: its total less what its kept windows brought)."""
+    summary = {**SUMMARY, "run": {**SUMMARY["run"], "task": "generate", "generated_tokens_per_s": 76.54}}
+    assert "4,568 tokens/s, 76.5 generated tokens/s over 8.1 s" in summary_lines(summary, "p.parquet", "s.json")[1]
+    rerun = two_runs_summary()
+    rerun["run"]["task"] = "generate"
+    rerun["per_shard"][1].update(generated_tokens=90, resumed_generated_tokens=30)
+    line = summary_lines(rerun, "p.parquet", "s.json", since=5000.0)[1]
+    assert "10.0 rows/s, 150 tokens/s, 30.0 generated tokens/s over 2.0 s of this run's shard jobs" in line
+    classify = summary_lines({**summary, "run": {**summary["run"], "task": "classify"}}, "p.parquet", "s.json")[1]
+    assert "generated" not in classify  # classify declares no such total

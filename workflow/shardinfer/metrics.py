@@ -31,9 +31,10 @@ ARTICLES = re.compile(r"\b(a|an|the)\b")
 
 
 def gold_kind(column: str, kind: pa.DataType, scored_as: str) -> str:
-    """How the gold column is compared: `ids` (integers, or floats as pandas writes an int column
-    with nulls) with label_id, `names` (strings) with label, `texts` with generated. Refuses any
-    other type in one line, before gather writes anything."""
+    """How the gold column is compared, by its type: `ids` (integers, or floats as pandas writes an
+    int column with nulls) and `names` (strings) for labels, `texts` for texts, each with the task's
+    column for that kind (`Task.compared`). Refuses any other type in one line, before gather writes
+    anything."""
     kind = kind.value_type if pa.types.is_dictionary(kind) else kind
     text = pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
     if scored_as == "texts" and text:
@@ -58,10 +59,11 @@ def check_gold(schema: pa.Schema | None, task: str, column: str) -> None:
 
 def score_predictions(path: str, model: dict, column: str) -> dict:
     """summary.json's `metrics`: the table at `path` scored against `column` as its task says."""
-    scored_as = task_class(model["task"]).scored_as
-    kind = gold_kind(column, pq.read_schema(path).field(column).type, scored_as)
-    table = pq.read_table(path, columns=list(dict.fromkeys([column, *COMPARED[scored_as]])))
-    metrics = SCORERS[scored_as](table, column, kind, model)
+    task = task_class(model["task"])
+    kind = gold_kind(column, pq.read_schema(path).field(column).type, task.scored_as)
+    compared = task.compared[kind]
+    table = pq.read_table(path, columns=list(dict.fromkeys([column, compared])))
+    metrics = SCORERS[task.scored_as](table, column, kind, compared, model)
     return {"task": model["task"], "label_column": column, "rows": table.num_rows, **metrics}
 
 
@@ -101,11 +103,11 @@ def unscored(nulls: int, unknown: Counter) -> dict:
     return {"null": nulls, "unknown": sum(unknown.values()), "unknown_labels": shown}
 
 
-def score_labels(table: pa.Table, column: str, kind: str, model: dict) -> dict:
-    """Classes: integer gold against label_id, string gold against label; the model's own labels
-    (model.labels, the adapter's head, its config: shardinfer.hf.labels) say which are known."""
+def score_labels(table: pa.Table, column: str, kind: str, compared: str, model: dict) -> dict:
+    """Classes: integer gold against the predicted ids, string gold against the predicted names (the
+    column `compared`); the model's own labels (model.labels, the adapter's head, its config:
+    shardinfer.hf.labels) say which are known."""
     names = label_names(model["path"], model.get("adapter"), model.get("labels"))
-    compared = "label_id" if kind == "ids" else "label"
     known = range(len(names)) if kind == "ids" else names
     values = gold_values(table.column(column), kind)
     scored, nulls, unknown = split_gold(values, set(known))
@@ -147,13 +149,14 @@ def normalize_answer(text: str) -> str:
     return " ".join(ARTICLES.sub(" ", text.lower().translate(PUNCTUATION)).split())
 
 
-def score_texts(table: pa.Table, column: str, kind: str, model: dict) -> dict:
-    """Reference texts against `generated`: exact match, and exact match after normalize_answer."""
+def score_texts(table: pa.Table, column: str, kind: str, compared: str, model: dict) -> dict:
+    """Reference texts against the generated ones (`compared`): exact match, and exact match after
+    normalize_answer."""
     values = gold_values(table.column(column), kind)
     scored, nulls, unknown = split_gold(values, None)
     reference = [v for v, keep in zip(values, scored) if keep]
-    generated = [g for g, keep in zip(table.column("generated").to_pylist(), scored) if keep]
-    return {"compared_with": "generated", "scored": len(reference), **unscored(nulls, unknown),
+    generated = [g for g, keep in zip(table.column(compared).to_pylist(), scored) if keep]
+    return {"compared_with": compared, "scored": len(reference), **unscored(nulls, unknown),
             **exact_match_scores(reference, generated)}
 
 
@@ -170,7 +173,7 @@ def exact_match_scores(reference: list[str], generated: list[str]) -> dict:
     return {"exact_match": float(exact), "normalized_exact_match": float(normalized)}
 
 
-# Task.scored_as -> the output columns its scorer compares the gold with.
-COMPARED: dict[str, tuple[str, ...]] = {"labels": ("label", "label_id"), "texts": ("generated",)}
-# Task.scored_as -> its scorer: (the table, the gold column, its gold_kind, the model settings) -> scores.
-SCORERS: dict[str, Callable[[pa.Table, str, str, dict], dict]] = {"labels": score_labels, "texts": score_texts}
+# Task.scored_as -> its scorer: (the table, the gold column, its gold_kind, the task's column it is
+# compared with, the model settings) -> scores.
+SCORERS: dict[str, Callable[[pa.Table, str, str, str, dict], dict]] = {"labels": score_labels,
+                                                                       "texts": score_texts}

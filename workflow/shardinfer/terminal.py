@@ -12,7 +12,7 @@ from typing import Iterator
 
 from shardinfer.contract.shard_file import computed
 from shardinfer.metrics import headline
-from shardinfer.tasks import counts_tokens
+from shardinfer.tasks import counts_tokens, task_totals
 
 
 def summary_lines(summary: dict, predictions: str, summary_path: str, shard_logs: str = "logs/infer/<shard>.log",
@@ -55,20 +55,23 @@ def speed_in_this_run(summary: dict, since: float | None) -> str:
     rows, real = sum(computed(s, "rows") for s in ran), sum(computed(s, "real_tokens") for s in ran)
     rates = {"task": run.get("task"), "rows_per_s": rows / wall if wall else 0.0,
              "real_tokens_per_s": real / wall if wall else 0.0}
-    if any("generated_tokens" in s for s in ran):
-        rates["generated_tokens_per_s"] = sum(computed(s, "generated_tokens") for s in ran) / wall if wall else 0.0
+    for name in task_totals(run.get("task")):
+        if any(name in s for s in ran):
+            rates[f"{name}_per_s"] = sum(computed(s, name) for s in ran) / wall if wall else 0.0
     return (f"{len(ran):,} of {len(shards):,} shards ran in this run ({kept}): {throughput(rates)} over "
             f"{wall:,.1f} s of this run's shard jobs (first start to last end)")
 
 
 def throughput(run: dict) -> str:
-    """rows/s, and for the text tasks tokens/s (and generated tokens/s)."""
+    """rows/s, and for the text tasks tokens/s (and their task's running totals per second:
+    generated tokens/s)."""
     text = f"{run['rows_per_s']:,.1f} rows/s"
     if not counts_tokens(run.get("task")):
         return text
     text += f", {run['real_tokens_per_s']:,.0f} tokens/s"
-    if run.get("generated_tokens_per_s") is not None:
-        text += f", {run['generated_tokens_per_s']:,.1f} generated tokens/s"
+    for name, rate in task_totals(run.get("task")).items():
+        if run.get(f"{name}_per_s") is not None:
+            text += f", {run[f'{name}_per_s']:,.1f} {rate}"
     return text
 
 

@@ -5,11 +5,13 @@ job recorded: `shardinfer.shard.stats`) and the plan. The report and the termina
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 
 from shardinfer.config import InputSettings
 from shardinfer.contract.shard_file import computed
 from shardinfer.plan import Plan
 from shardinfer.proof.prove import ShardFile
+from shardinfer.tasks import task_totals
 
 
 def _total(shards: list[ShardFile], key: str) -> int:
@@ -46,17 +48,19 @@ def run_facts(plan: Plan, shards: list[ShardFile], model: dict) -> dict:
         "real_tokens_per_s": round(tokens / wall, 2) if wall else None, "resumed_rows": plan.rows - rows,
         "real_tokens": real, "padded_tokens": padded,
         "padding_ratio": round(padded / real, 4) if real else None, "truncated": _total(shards, "truncated"),
-        **generated_facts(shards, wall),
+        **totals_facts(shards, wall, task_totals(model.get("task"))),
     }
 
 
-def generated_facts(shards: list[ShardFile], wall: float | None) -> dict:
-    """Tokens generated in all (task generate), and per second over the run's wall time."""
-    generated = _total(shards, "generated_tokens")
-    if not any("generated_tokens" in s.stats for s in shards):
-        return {}
-    per_s = _computed(shards, "generated_tokens") / wall if wall else None
-    return {"generated_tokens": generated, "generated_tokens_per_s": round(per_s, 2) if wall else None}
+def totals_facts(shards: list[ShardFile], wall: float | None, totals: Iterable[str]) -> dict:
+    """Each of the task's running totals that its shards recorded (`Task.totals`: generated tokens)
+    over the run, and per second over the run's wall time (`<total>_per_s`)."""
+    facts = {}
+    for name in totals:
+        if any(name in s.stats for s in shards):
+            per_s = _computed(shards, name) / wall if wall else None
+            facts.update({name: _total(shards, name), f"{name}_per_s": round(per_s, 2) if wall else None})
+    return facts
 
 
 def token_lengths(shards: list[ShardFile]) -> dict[str, int]:

@@ -92,9 +92,10 @@ def write_shard(job: ShardJob, plan: Plan, runtime: Runtime, began: float) -> di
                            Progress(end - kept.next_row), assemble(kept.paths, writer), errors is not None)
             stream_windows(pipeline, job, plan, runtime, kept.next_row, write, errors)
             tally = write.tally
-            stats = tally.stats(time.perf_counter() - started, runtime.where, runtime.dtype,
-                                **tally.work_stats(resumed, task.finish()), bound_by=pipeline.bottleneck().name,
-                                stages=pipeline.busy_seconds(), started=round(began, 3), ended=round(time.time(), 3))
+            work = tally.work_stats(resumed, task.finish(), task.totals)
+            stats = tally.stats(time.perf_counter() - started, runtime.where, runtime.dtype, **work,
+                                bound_by=pipeline.bottleneck().name, stages=pipeline.busy_seconds(),
+                                started=round(began, 3), ended=round(time.time(), 3))
             writer.add_key_value_metadata({STATS_KEY: json.dumps(stats), **write.content.metadata()})
     remove_windows(folder)
     return stats

@@ -2,7 +2,7 @@
 rows), of its task's own running totals (`Task.finish`), and of its work, recorded in the shard
 file at close (`contract.shard_file.STATS_KEY`) and read by gather, the report and the terminal.
 
-The running totals are a `Tally`, committed with each window (`shardinfer.shard.resume`), so that
+The shard's running totals are a `Tally`, committed with each window (`shardinfer.shard.resume`), so that
 a resumed shard's stats cover all its rows, the kept windows' included; `resumed_*` says what those
 brought, and this job's own work is the difference (what rates divide by:
 `contract.shard_file.computed`). An empty shard's stats are an empty tally's.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from shardinfer.tasks.base import Window
@@ -73,17 +74,18 @@ class Tally:
                 "first_truncated_rows": self.truncated_rows,
                 "token_lengths": {str(n): self.lengths[n] for n in sorted(self.lengths)}, **work}
 
-    def work_stats(self, kept: Tally, task: dict) -> dict:
+    def work_stats(self, kept: Tally, task: dict, totals: Collection[str]) -> dict:
         """What a job that computed rows adds to its stats: its task's (`Task.finish()`: `task`), the
-        running totals summed with the kept windows', what the kept windows brought (`resumed_*`),
-        the padding ratio and the row errors."""
-        resumed = {f"resumed_{name}": value for name, value in kept.task.items() if isinstance(value, int)}
-        return {**running_totals(kept.task, task), "resumed_rows": kept.rows, "resumed_real_tokens": kept.real_tokens,
-                **resumed, "padding_ratio": round(self.padded_tokens / max(self.real_tokens, 1), 4), **self.row_errors}
+        running totals (`Task.totals`) summed with the kept windows', what the kept windows brought
+        (`resumed_*`), the padding ratio and the row errors."""
+        resumed = {f"resumed_{name}": value for name, value in kept.task.items() if name in totals}
+        return {**running_totals(kept.task, task, totals), "resumed_rows": kept.rows,
+                "resumed_real_tokens": kept.real_tokens, **resumed,
+                "padding_ratio": round(self.padded_tokens / max(self.real_tokens, 1), 4), **self.row_errors}
 
 
-def running_totals(kept: dict, now: dict) -> dict:
-    """A task's stats (`Task.finish`) over a resumed shard's jobs: its running totals (ints, e.g.
-    generated tokens) summed with the kept windows'; its other values describe this job."""
-    return {name: value + kept[name] if isinstance(value, int) and isinstance(kept.get(name), int) else value
+def running_totals(kept: dict, now: dict, totals: Collection[str]) -> dict:
+    """A task's stats (`Task.finish`) over a resumed shard's jobs: its running totals (`totals`,
+    e.g. generated tokens) summed with the kept windows'; its other values describe this job."""
+    return {name: value + kept[name] if name in totals and isinstance(kept.get(name), int) else value
             for name, value in now.items()}

@@ -99,8 +99,14 @@ class Task:
     model_files_below: ClassVar[bool] = False
     tokenizes_ahead: ClassVar[bool] = False  # whether the tokenize rule can make its inputs (`tokenize.ahead`)
     # How `evaluate:` scores its outputs against a gold column (shardinfer.metrics.SCORERS): "labels"
-    # (classes: label_id or label), "texts" (generated: exact match); None: no metric, evaluate refused.
+    # (classes), "texts" (exact match); None: no metric, evaluate refused.
     scored_as: ClassVar[str | None] = None
+    # The output column `evaluate:` compares the gold values with, by their kind
+    # (shardinfer.metrics.gold_kind): "ids" and "names" for labels, "texts" for texts.
+    compared: ClassVar[dict[str, str]] = {}
+    # Its running totals among `finish()`'s stats (ints, summed over a resumed shard's jobs), each
+    # reported per second over the run's wall time, by what the terminal calls that rate.
+    totals: ClassVar[dict[str, str]] = {}
     prepare_stage: str = "prepare"  # the pipeline stage's name in logs and the report
     # One forward pass per batch (classify, embed, score), which on CPU runs fastest in small batches
     # (`batch.max_tokens: auto`, shardinfer.batching.batch_budget).
@@ -162,7 +168,8 @@ class Task:
         raise NotImplementedError
 
     def finish(self) -> dict:
-        """Stats of the task's own for the shard's summary (e.g. generated tokens); called once."""
+        """Stats of the task's own for the shard's summary, its `totals` so far among them (e.g.
+        generated tokens); called after each window."""
         return {}
 
 

@@ -44,6 +44,7 @@ class Classify(TextTask):
     auto_class = "AutoModelForSequenceClassification"
     outputs = {"label": "string", "label_id": "int64", "probs": "list<float32>"}
     scored_as = "labels"  # evaluate: accuracy, F1 and the confusion matrix (shardinfer.metrics)
+    compared = {"ids": "label_id", "names": "label"}  # integer gold values with the ids, strings with the names
 
     @classmethod
     def check_labels(cls, model: ModelSettings) -> None:

@@ -151,6 +151,8 @@ class Generate(TextTask):
     outputs = {"generated": "string", "n_prompt_tokens": "int32", "n_generated_tokens": "int32",
                "finish_reason": "string"}
     scored_as = "texts"  # evaluate: exact match of `generated` with the reference (shardinfer.metrics)
+    compared = {"texts": "generated"}
+    totals = {"generated_tokens": "generated tokens/s"}
 
     def __init__(self, loaded, tokenizer, pad_id: int, context, configured_eos=None) -> None:
         """`configured_eos`: the generation_config's eos id(s) when there is no loaded model to ask."""
