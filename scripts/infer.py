@@ -1,16 +1,12 @@
 """Snakemake adapter of the infer rule: see shardinfer.shard.job.run_shard."""
 
-import sys
-from pathlib import Path
+from shardinfer.config import job_settings
+from shardinfer.jobs import run_job
+from shardinfer.shard.job import run_shard
+from shardinfer.shard.runtime import ShardJob
+from shardinfer.stored_model import with_staged
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
 snakemake = globals()["snakemake"]  # the job object injected by the script: directive
-
-from shardinfer.config import job_settings  # noqa: E402
-from shardinfer.shard.job import run_shard  # noqa: E402
-from shardinfer.shard.runtime import ShardJob  # noqa: E402
-from shardinfer.jobs import run_job  # noqa: E402
-from shardinfer.stored_model import with_staged  # noqa: E402
 
 # Under the guard: a process spawned from this job (a multi-GPU vLLM engine's workers) re-imports
 # this file as __mp_main__ and must not run the shard again.

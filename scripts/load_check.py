@@ -33,15 +33,12 @@ import csv
 import json
 import resource
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "workflow"))
+import tiny_workflow as tiny
 
-import factory  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def timed(label: str, function, *args):
@@ -70,20 +67,20 @@ def main() -> None:
 
 
 def check_dag_and_run(args: argparse.Namespace) -> None:
-    models = timed("build tiny models", factory.build_tiny_models, args.workdir / "models")
+    models = timed("build tiny models", tiny.build_tiny_models, args.workdir / "models")
     if args.dag_shards:
         check_dag(args.workdir / "dag", models.classifier, args.dag_shards)
 
     if args.skip_run:
         return
-    frame = factory.input_frame(args.rows, seed=1)
-    path = timed(f"write {args.rows} rows", factory.write_input, frame, args.workdir / "run" / "data" / "input.parquet")
-    config = factory.workflow_config(path, models.classifier, shards=args.shards,
+    frame = tiny.input_frame(args.rows, seed=1)
+    path = timed(f"write {args.rows} rows", tiny.write_input, frame, args.workdir / "run" / "data" / "input.parquet")
+    config = tiny.workflow_config(path, models.classifier, shards=args.shards,
                                      batch={"max_tokens": 8192, "max_rows": 256, "sort_window": 16384})
-    run = lambda: factory.run_workflow(args.workdir / "run", config, timeout=4 * 3600)  # noqa: E731
+    run = lambda: tiny.run_workflow(args.workdir / "run", config, timeout=4 * 3600)  # noqa: E731
     result = timed(f"workflow, {args.rows} rows, {args.shards} shards", run)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    table = factory.read_predictions(args.workdir / "run")
+    table = tiny.read_predictions(args.workdir / "run")
     assert table["index"].tolist() == list(range(args.rows)) and table["id"].tolist() == frame["id"].tolist()
     print(f"proof re-checked here: {len(table)} rows, index 0..{args.rows - 1} in order, ids match the input")
     logs = args.workdir / "run" / "logs"
@@ -199,8 +196,8 @@ def dry_run(command: list[str], workdir: Path, env: dict) -> tuple[float, float]
 def check_dag(workdir: Path, model: Path, shards: int, repeats: int = 2) -> None:
     """`snakemake -n` of the workflow and of BARE_SNAKEFILE with `shards` shards over the same input,
     run in turns `repeats` times each (best kept: the machine may be shared); prints both and their ratio."""
-    path = factory.write_input(factory.input_frame(shards, seed=2), workdir / "data" / "input.parquet")
-    ours, env = factory.prepare_workdir(workdir / "ours", factory.workflow_config(path, model, shards=shards), "-n", "-q")
+    path = tiny.write_input(tiny.input_frame(shards, seed=2), workdir / "data" / "input.parquet")
+    ours, env = tiny.prepare_workdir(workdir / "ours", tiny.workflow_config(path, model, shards=shards), "-n", "-q")
     bare = workdir / "bare"
     bare.mkdir(parents=True, exist_ok=True)
     (bare / "Snakefile").write_text(BARE_SNAKEFILE)
@@ -275,9 +272,9 @@ def write_formats(folder: Path, gigabytes: float) -> dict[str, Path]:
 
 def measured(figures: dict, name: str, function, *args):
     """Run `function`, recording the bytes it read (`<name>_bytes`) and its seconds (`<name>_s`)."""
-    before, started = factory.bytes_read(), time.perf_counter()
+    before, started = tiny.bytes_read(), time.perf_counter()
     result = function(*args)
-    figures.update({f"{name}_bytes": factory.bytes_read() - before, f"{name}_s": time.perf_counter() - started})
+    figures.update({f"{name}_bytes": tiny.bytes_read() - before, f"{name}_s": time.perf_counter() - started})
     return result
 
 
@@ -297,7 +294,7 @@ def read_like_the_shards(path: Path, shards: int) -> dict:
 
     from shardinfer.plan import make_plan
 
-    settings = factory.input_settings(path, keep_columns=("id",))
+    settings = tiny.input_settings(path, keep_columns=("id",))
     figures = {"size": path.stat().st_size}
     plan = measured(figures, "plan", make_plan, settings, shards, 512, str(path.parent / f"staged-{path.name}"))
     staged = plan.parts[0].staged
@@ -360,7 +357,7 @@ def report_downloads(paths: dict[str, Path], shards: int) -> None:
     for fmt, path in paths.items():
         folder = path.parent / f"cuts-{path.name}"
         folder.mkdir(exist_ok=True)
-        settings = factory.input_settings(path, keep_columns=("id",))
+        settings = tiny.input_settings(path, keep_columns=("id",))
         started = time.perf_counter()
         plan = make_plan(settings, shards, 512).write_cuts(settings, [str(folder / f"{k}.parquet")
                                                                       for k in range(shards)])
@@ -382,8 +379,8 @@ def report_model_downloads(shards: int) -> None:
 
     from shardinfer.configure import resolve_model_path
     from shardinfer.errors import UserError
-    from shardinfer.settings_digest import directory_fingerprint
     from shardinfer.hf.tokenizer_files import is_tokenizer_side
+    from shardinfer.settings_digest import directory_fingerprint
 
     configured = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["model"]["path"]
     try:

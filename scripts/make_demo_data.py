@@ -9,7 +9,6 @@ import json
 import re
 import sys
 from pathlib import Path
-
 from pydoc_data.topics import topics
 
 ROWS = 3000

@@ -1,14 +1,10 @@
 """Snakemake adapter of the plan rule: see shardinfer.plan.run_plan."""
 
-import sys
-from pathlib import Path
+from shardinfer.config import InputSettings
+from shardinfer.jobs import run_job
+from shardinfer.plan import run_plan
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
 snakemake = globals()["snakemake"]  # the job object injected by the script: directive
-
-from shardinfer.config import InputSettings  # noqa: E402
-from shardinfer.jobs import run_job  # noqa: E402
-from shardinfer.plan import run_plan  # noqa: E402
 
 params, output = snakemake.params, snakemake.output
 # Without a shared filesystem the parts are read where the job's storage copies lie, and each shard's

@@ -1,13 +1,9 @@
 """Snakemake adapter of the report_items rule: see shardinfer.report.write_report."""
 
-import sys
-from pathlib import Path
+from shardinfer.jobs import run_job
+from shardinfer.report import ReportFiles, write_report
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
 snakemake = globals()["snakemake"]  # the job object injected by the script: directive
-
-from shardinfer.jobs import run_job  # noqa: E402
-from shardinfer.report import ReportFiles, write_report  # noqa: E402
 
 # The `evaluate:` items are outputs only when it is on, the text-length figure only for a task that
 # counts tokens (shardinfer.layout.OPTIONAL_REPORTS): None otherwise.

@@ -5,17 +5,13 @@ The settings come from the (validated) config rather than a param, so that chang
 but not its tokenizer leaves this rule's params, and so its token files, as they are.
 """
 
-import sys
-from pathlib import Path
+from shardinfer.configure import settings_from_config
+from shardinfer.jobs import run_job
+from shardinfer.plan import read_plan
+from shardinfer.shard.tokenize_job import TokenizeJob, run_tokenize
+from shardinfer.stored_model import handed, with_handed_paths, with_staged
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
 snakemake = globals()["snakemake"]  # the job object injected by the script: directive
-
-from shardinfer.configure import settings_from_config  # noqa: E402
-from shardinfer.jobs import run_job  # noqa: E402
-from shardinfer.plan import read_plan  # noqa: E402
-from shardinfer.shard.tokenize_job import TokenizeJob, run_tokenize  # noqa: E402
-from shardinfer.stored_model import handed, with_handed_paths, with_staged  # noqa: E402
 
 # `shards: auto` stands for the count the plan was cut into. Without a shared filesystem (a cut to
 # read) the input's parts are the plan's, which it found in the bucket, and model.path the main

@@ -18,12 +18,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "workflow"))
-sys.path.insert(0, str(REPO / "tests"))
-
-import factory  # noqa: E402
-import s3_server  # noqa: E402
+import factory
+import s3_server
 
 # Bytecode cached where PYTHONDONTWRITEBYTECODE is set too (as on CI's machine), in this process and
 # every one it starts: the venv is installed without it (tests/install), and otherwise each of the
@@ -131,7 +127,8 @@ def classify_runs(models, tmp_path_factory):
         """The runs at once (`factory.run_workflows`): the cores one run leaves idle, the others use."""
         runs = []
         for rows, shards in SHARED_CLASSIFY_RUNS:
-            path = factory.write_input(factory.input_frame(rows), folder / f"{rows}-{shards}" / "data" / "input.parquet")
+            data = folder / f"{rows}-{shards}" / "data" / "input.parquet"
+            path = factory.write_input(factory.input_frame(rows), data)
             runs.append((folder / f"{rows}-{shards}", factory.workflow_config(path, models.classifier, shards=shards)))
         for (workdir, _), result in zip(runs, factory.run_workflows_ok(runs, report=True)):
             (folder / f"{workdir.name}.terminal").write_text(result.stdout + result.stderr)

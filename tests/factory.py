@@ -1,115 +1,92 @@
 """Tiny Hugging Face models, inputs and workflow runs for the tests. Nothing is downloaded.
 
-Models follow transformers' own testers: BERT with hidden size 32 and two layers, a WordPiece
-tokenizer over a small vocabulary, saved with save_pretrained like any real model directory.
+The classifier, the encoder and their LoRA adapters, the texts and inputs and a run of the workflow
+are scripts/tiny_workflow.py's, which scripts/load_check.py uses too: this module hands them on,
+beside the tests' own (a causal LM, a cross-encoder, several runs at once, a clone of the workflow).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import random
 import subprocess
-import sys
-import tempfile
-from dataclasses import dataclass
+import tomllib
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-WORDS = (
-    "the a an cat dog bird fish tree house river mountain city road car train boat plane book "
-    "paper pen light dark red green blue big small fast slow old new good bad happy sad run walk "
-    "swim fly read write sing dance eat drink sleep dream think know see hear feel make take give"
-).split()
-MAX_POSITIONS = 64
-LABELS = {0: "negative", 1: "neutral", 2: "positive"}
-
-
-@dataclass(frozen=True)
-class TinyModels:
-    classifier: Path  # BertForSequenceClassification with a trained (saved) head
-    encoder: Path  # BertModel (config names 3 labels), for embed and as a base without a classification head
-    lora: Path  # LoRA on `classifier`, init_lora_weights=False, classifier in modules_to_save
-    lora_on_encoder: Path  # LoRA on `encoder` carrying the classifier head it needs
-    lora_without_head: Path  # LoRA on `encoder` that does not carry a classifier head
-
-
-def bert_config(**extra):
-    from transformers import BertConfig
-
-    shape = dict(vocab_size=len(WORDS) + 7, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                 intermediate_size=37, max_position_embeddings=MAX_POSITIONS)
-    return BertConfig(**{**shape, **extra})
-
-
-def save_tokenizer(path: Path) -> None:
-    from transformers import BertTokenizer
-
-    vocab = {token: i for i, token in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, "##s", "##ed"])}
-    BertTokenizer(vocab=vocab, model_max_length=MAX_POSITIONS).save_pretrained(path)
-
-
-def save_lora(base_path: Path, out: Path, modules_to_save) -> None:
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForSequenceClassification
-
-    torch.manual_seed(3)
-    base = AutoModelForSequenceClassification.from_pretrained(base_path, num_labels=3, id2label=LABELS)
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=["query", "value"], init_lora_weights=False,
-                        modules_to_save=modules_to_save)
-    model = get_peft_model(base, config)
-    with torch.no_grad():  # large enough to change predictions visibly, in the adapter's weights only
-        for name, parameter in model.named_parameters():
-            if "lora_" in name or "modules_to_save" in name:
-                parameter.normal_(0.0, 0.5)
-    model.save_pretrained(out)
-
-
-def tiny_model_paths(root: Path) -> TinyModels:
-    return TinyModels(*(root / field.name for field in dataclasses.fields(TinyModels)))
-
-
-def build_tiny_models(root: Path) -> TinyModels:
-    import torch
-    from transformers import BertForSequenceClassification, BertModel
-
-    paths = tiny_model_paths(root)
-    torch.manual_seed(0)
-    BertForSequenceClassification(bert_config(num_labels=3, id2label=LABELS)).save_pretrained(paths.classifier)
-    torch.manual_seed(1)
-    BertModel(bert_config(num_labels=3, id2label=LABELS)).save_pretrained(paths.encoder)
-    for model_dir in (paths.classifier, paths.encoder):
-        save_tokenizer(model_dir)
-    save_lora(paths.classifier, paths.lora, ["classifier"])
-    save_lora(paths.encoder, paths.lora_on_encoder, ["classifier"])
-    save_lora(paths.encoder, paths.lora_without_head, None)
-    return paths
+from tiny_workflow import (
+    LABELS as LABELS,
+)
+from tiny_workflow import (
+    MAX_POSITIONS as MAX_POSITIONS,
+)
+from tiny_workflow import (  # what the load check shares, handed on to the tests as this module's
+    REPO as REPO,
+)
+from tiny_workflow import (
+    WITHOUT_REPORT as WITHOUT_REPORT,
+)
+from tiny_workflow import (
+    WORDS as WORDS,
+)
+from tiny_workflow import (
+    TinyModels as TinyModels,
+)
+from tiny_workflow import (
+    bert_config as bert_config,
+)
+from tiny_workflow import (
+    build_tiny_models as build_tiny_models,
+)
+from tiny_workflow import (
+    bytes_read as bytes_read,
+)
+from tiny_workflow import (
+    input_frame as input_frame,
+)
+from tiny_workflow import (
+    input_settings as input_settings,
+)
+from tiny_workflow import (
+    local_env as local_env,
+)
+from tiny_workflow import (
+    prepare_workdir as prepare_workdir,
+)
+from tiny_workflow import (
+    read_predictions as read_predictions,
+)
+from tiny_workflow import (
+    run_workflow as run_workflow,
+)
+from tiny_workflow import (
+    save_lora as save_lora,
+)
+from tiny_workflow import (
+    save_tokenizer as save_tokenizer,
+)
+from tiny_workflow import (
+    texts as texts,
+)
+from tiny_workflow import (
+    tiny_model_paths as tiny_model_paths,
+)
+from tiny_workflow import (
+    workflow_config as workflow_config,
+)
+from tiny_workflow import (
+    write_input as write_input,
+)
 
 
-def texts(rows: int, seed: int = 0) -> list[str]:
-    """Texts of very mixed length (1 to 80 words), some longer than the tests' max_length."""
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.choice([1, 3, 8, 15, 30, 80]))) for _ in range(rows)]
-
-
-def input_frame(rows: int, seed: int = 0) -> pd.DataFrame:
-    return pd.DataFrame({"id": [f"row-{i}" for i in range(rows)], "gold": [i % 3 for i in range(rows)],
-                         "text": texts(rows, seed)})
-
-
-def write_input(frame: pd.DataFrame, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".parquet":
-        frame.to_parquet(path, index=False, row_group_size=97)
-    elif path.suffix == ".csv":
-        frame.to_csv(path, index=False)
-    else:
-        frame.to_json(path, orient="records", lines=True)
-    return path
+def python_env(**extra: str) -> dict[str, str]:
+    """The environment of a Python process a test starts: the folders pytest puts on the tests' own
+    path (pyproject.toml's `pythonpath`: the package, the tests' and the scripts' helpers) on its
+    PYTHONPATH, so that it imports this clone's code, whatever the venv has installed."""
+    folders = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["pythonpath"]
+    given = [path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep) if path]
+    paths = [str(REPO / folder) for folder in folders] + given
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), **extra}
 
 
 def write_empty_input(path: Path) -> Path:
@@ -136,74 +113,6 @@ def gzipped(frame: pd.DataFrame, path: Path) -> Path:
     return path
 
 
-def bytes_read() -> int:
-    """Bytes this process has read through read calls, page cache included (/proc/self/io `rchar`)."""
-    with open("/proc/self/io") as handle:
-        return next(int(line.split()[1]) for line in handle if line.startswith("rchar"))
-
-
-def input_settings(path: Path, **overrides):
-    from shardinfer.config import InputSettings
-    from shardinfer.input.discovery import detect_format
-
-    values = {"path": str(path), "format": detect_format(str(path)), "text_column": "text", "keep_columns": ("id",),
-              "null_text": "error"}
-    return InputSettings(**{**values, **overrides})
-
-
-def workflow_config(input_path, model_path, task="classify", shards=1, adapter=None, **overrides) -> dict:
-    config = {
-        "input": {"path": str(input_path), "keep_columns": ["id", "gold"]},
-        "model": {"path": str(model_path), "task": task, "max_length": 32, "adapter": adapter and str(adapter)},
-        "batch": {"max_tokens": 256, "max_rows": 16, "sort_window": 128},
-        "shards": shards,
-    }
-    for section, values in overrides.items():
-        config[section] = {**config.get(section, {}), **values} if isinstance(values, dict) else values
-    return config
-
-
-# Most runs stop at the proven table: the report's job after it adds seconds per run and proves nothing
-# there. The runs whose report a test reads pass report=True (tests/test_report.py, test_custom.py,
-# test_inputs.py, test_metrics.py).
-WITHOUT_REPORT = ("--omit-from", "report_items")
-
-
-def prepare_workdir(workdir: Path, config: dict, *args: str, report: bool = False) -> tuple[list[str], dict]:
-    """Write the config into `workdir`; return the user's command and environment for it."""
-    (workdir / "config").mkdir(parents=True, exist_ok=True)
-    (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config))
-    command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "2",
-               "--set-threads", "infer=1", *args, *(() if report else WITHOUT_REPORT)]
-    return command, local_env(workdir)
-
-
-def local_env(workdir: Path) -> dict:
-    """The environment of a local (non-Slurm) `snakemake` run: its own GPU lock folder, and no Slurm.
-
-    Snakemake imports every installed executor plugin when it starts, and the Slurm plugin runs
-    `scontrol show config` on import; where Slurm is installed but its controller is down (as on
-    this machine after test_slurm stops it), that waits about 9 s per start for an executor a local
-    run never uses. A `scontrol` that answers "no controller" at once takes its place here.
-    """
-    stub = Path(tempfile.gettempdir()) / "shardinfer-test-no-slurm"
-    if not (stub / "scontrol").is_file():
-        stub.mkdir(exist_ok=True)
-        part = stub / f".scontrol.{os.getpid()}"
-        part.write_text("#!/bin/sh\necho 'no Slurm controller in local test runs' >&2\nexit 1\n")
-        part.chmod(0o755)
-        part.replace(stub / "scontrol")
-    path = f"{stub}{os.pathsep}{os.environ.get('PATH', '')}"
-    return {**os.environ, "PATH": path, "SHARDINFER_GPU_LOCK_DIR": str(workdir / ".gpu-locks")}
-
-
-def run_workflow(workdir: Path, config: dict, *args: str, timeout: float = 900,
-                 report: bool = False) -> subprocess.CompletedProcess:
-    """`snakemake -s <repo>/Snakefile` in `workdir`, the way a user runs it from their own folder."""
-    command, env = prepare_workdir(workdir, config, *args, report=report)
-    return subprocess.run(command, cwd=workdir, capture_output=True, text=True, env=env, timeout=timeout)
-
-
 def run_workflows(runs: list[tuple[Path, dict]], timeout: float = 900,
                   report: bool = False) -> list[subprocess.CompletedProcess]:
     """Several independent `run_workflow` runs at once: a run of one shard keeps one core busy (its
@@ -227,10 +136,6 @@ def run_workflows_ok(runs: list[tuple[Path, dict]], report: bool = False) -> lis
     for result in results:
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     return results
-
-
-def read_predictions(workdir: Path) -> pd.DataFrame:
-    return pd.read_parquet(workdir / "results" / "predictions.parquet")
 
 
 def build_lora_on_plain_base(root: Path) -> tuple[Path, Path, Path]:
@@ -262,7 +167,8 @@ def flip_a_data_page_byte(path: Path | str, column: str) -> None:
     import pyarrow.parquet as pq
 
     group = pq.ParquetFile(path).metadata.row_group(0)
-    chunk = next(group.column(i) for i in range(group.num_columns) if group.column(i).path_in_schema.split(".")[0] == column)
+    chunks = (group.column(i) for i in range(group.num_columns))
+    chunk = next(chunk for chunk in chunks if chunk.path_in_schema.split(".")[0] == column)
     first = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
     data = bytearray(Path(path).read_bytes())
     data[first + chunk.total_compressed_size - 1] ^= 0x01
@@ -323,7 +229,7 @@ def build_tiny_causal_lm(root: Path) -> Path:
     torch.manual_seed(11)
     model = LlamaForCausalLM(config)
     with torch.no_grad():
-        for name, parameter in model.named_parameters():
+        for parameter in model.parameters():
             if parameter.dim() == 2:
                 parameter.normal_(0.0, 0.5)
         head = model.lm_head.weight

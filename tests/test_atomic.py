@@ -13,16 +13,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from factory import python_env
 from shardinfer.atomic import atomic_parquet_writer, partial_path
-from shardinfer.errors import UserError
 from shardinfer.contract.row_files import staging_folder
+from shardinfer.errors import UserError
 from shardinfer.shard.row_files import staged_files
 
-WORKFLOW = os.path.join(os.path.dirname(__file__), "..", "workflow")
 SCHEMA = pa.schema([("index", pa.int64())])
 KILLER = """
-import os, signal, sys
-sys.path.insert(0, {workflow!r})
+import os, signal
 import pyarrow as pa
 from shardinfer import atomic
 point = {point!r}
@@ -42,8 +41,8 @@ with atomic.atomic_parquet_writer({path!r}, pa.schema([("index", pa.int64())])) 
 @pytest.mark.parametrize("point", ["before-first-write", "mid-write", "rename"])
 def test_a_kill_at_any_point_leaves_no_complete_looking_file(tmp_path, point):
     path = tmp_path / "3.parquet"
-    code = KILLER.format(workflow=WORKFLOW, point=point, path=str(path))
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True)
+    code = KILLER.format(point=point, path=str(path))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, env=python_env())
     assert result.returncode == -signal.SIGKILL
     assert not path.exists()
     assert partial_path(path).exists()  # the leftover's name says it is partial; the rerun replaces it

@@ -11,8 +11,16 @@ from types import SimpleNamespace
 import pytest
 
 from factory import input_frame, prepare_workdir, workflow_config, write_input
-from shardinfer.auto_shards import (CPU_SHARDS, MOST, RESOLVED_VAR, Machine, auto_shards, resolve_auto_shards,
-                                    resource_value, uses_auto)
+from shardinfer.auto_shards import (
+    CPU_SHARDS,
+    MOST,
+    RESOLVED_VAR,
+    Machine,
+    auto_shards,
+    resolve_auto_shards,
+    resource_value,
+    uses_auto,
+)
 
 
 def machine(**given) -> Machine:

@@ -10,10 +10,10 @@ import pytest
 from factory import REPO, input_frame, run_workflow, workflow_config, write_input
 from shardinfer.checks import check_settings, schema_errors
 from shardinfer.configure import resolve_model_path, settings_from_config
+from shardinfer.errors import UserError
 from shardinfer.input.discovery import detect_format
 from shardinfer.schema import SCHEMA_PATH, defaults, schema
 from shardinfer.settings_digest import output_digest
-from shardinfer.errors import UserError
 from shardinfer.tasks import TASKS
 
 # A config as the Snakefile's `validate` fills it, `input` included: read from the schema (the
@@ -122,7 +122,8 @@ SCHEMA = str(SCHEMA_PATH)
         ({"shards": 0}, r"config `shards`: 0 is not allowed; give an integer >= 1 or `auto`"),
         ({"shards": "4"}, r"config `shards`: '4' is not allowed; give an integer >= 1 or `auto`"),
         ({"model": {"path": "m", "max_length": 0}}, r"config `model.max_length`: 0 is less than the minimum of 1"),
-        ({"colour": "red"}, r"config `\(top level\)`: Additional properties are not allowed \('colour' was unexpected\)"),
+        ({"colour": "red"},
+         r"config `\(top level\)`: Additional properties are not allowed \('colour' was unexpected\)"),
     ],
 )
 def test_schema_errors_name_key_value_and_allowed(change, message):
@@ -157,7 +158,8 @@ def test_shard_job_refuses_max_length_without_room_for_text(models):
     assert Encoder(tokenizer, 3).encode(["the cat"])[0] == [[2, 5, 3]]  # [CLS] the [SEP], cut and counted
     assert Encoder(tokenizer, 3).encode(["the cat"])[1] == [0]
     Encoder(tokenizer, 8).encode([" ".join(["cat"] * 100)])  # longer than the model's 64 positions, counted
-    assert "sequence-length-is-longer-than-the-specified-maximum" not in tokenizer.deprecation_warnings  # no false warning
+    # no false warning
+    assert "sequence-length-is-longer-than-the-specified-maximum" not in tokenizer.deprecation_warnings
 
 
 @pytest.mark.parametrize("name,fmt", [("folder", "auto"), ("table.parquet", "auto"), ("table.parquet", "parquet")])
@@ -218,7 +220,8 @@ def fake_causal_lm(tmp_path, positions=64, architecture="LlamaForCausalLM"):
     return folder
 
 
-@pytest.mark.parametrize("architecture", ["Gemma3ForConditionalGeneration", "ReformerModelWithLMHead", "GPT2LMHeadModel"])
+@pytest.mark.parametrize("architecture",
+                         ["Gemma3ForConditionalGeneration", "ReformerModelWithLMHead", "GPT2LMHeadModel"])
 def test_generate_accepts_every_generation_head_transformers_loads(tmp_path, models, architecture):
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -238,12 +241,13 @@ def test_generate_refuses_an_encoder_named_in_its_config(tmp_path, models):
 @pytest.mark.parametrize("model,extra,message", [
     ({"max_length": 16}, {}, r"model.max_new_tokens must be an integer >= 1 for task generate .*got None"),
     ({"max_length": 60, "max_new_tokens": 10}, {},
-     r"model.max_length 60 \+ model.max_new_tokens 10 is above the model's limit of 64 positions; lower max_length to 54"
-     r" or less, or max_new_tokens to 4 or less$"),
+     r"model.max_length 60 \+ model.max_new_tokens 10 is above the model's limit of 64 positions; lower "
+     r"max_length to 54 or less, or max_new_tokens to 4 or less$"),
     ({"max_length": 16, "max_new_tokens": 1_000_000}, {},
      r"model.max_new_tokens 1000000 leaves no room for a prompt within the model's limit of 64 positions; use at most "
      r"48 with max_length 16$"),
-    ({"max_length": 16, "max_new_tokens": 4}, {"tokenize": {"ahead": True}}, r"tokenize.ahead is for .*; task generate tokenizes its prompts"),
+    ({"max_length": 16, "max_new_tokens": 4}, {"tokenize": {"ahead": True}},
+     r"tokenize.ahead is for .*; task generate tokenizes its prompts"),
     ({"max_length": 16, "max_new_tokens": 4, "path": "ENCODER"}, {}, r"holds BertModel, not a causal language model"),
 ])
 def test_generate_settings_are_checked_at_load(tmp_path, models, model, extra, message):
@@ -259,8 +263,10 @@ def test_generate_settings_are_checked_at_load(tmp_path, models, model, extra, m
     ({"columns": ["text"]}, {}, r"model.entrypoint is required for task custom"),
     ({"columns": ["text"]}, {"entrypoint": "hooks/missing.py:build"}, r"file `hooks/missing.py` does not exist"),
     ({"columns": ["text"]}, {"entrypoint": "hook.py"}, r"must be `file.py:function` or `module:function`"),
-    ({"columns": ["text"]}, {"entrypoint": "no_such_module_here:build"}, r"module `no_such_module_here` cannot be imported"),
-    ({"columns": ["text"]}, {"entrypoint": "hook.py:build", "labels": ["a"]}, r"model.labels is for the Hugging Face tasks"),
+    ({"columns": ["text"]}, {"entrypoint": "no_such_module_here:build"},
+     r"module `no_such_module_here` cannot be imported"),
+    ({"columns": ["text"]}, {"entrypoint": "hook.py:build", "labels": ["a"]},
+     r"model.labels is for the Hugging Face tasks"),
 ])
 def test_custom_settings_are_checked_at_load(tmp_path, models, monkeypatch, inp, model, message):
     monkeypatch.chdir(tmp_path)

@@ -22,17 +22,17 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from factory import REPO, read_predictions, run_workflow, run_workflows_ok
+from factory import REPO, python_env, read_predictions, run_workflows_ok
 from shardinfer.config import Settings
 from shardinfer.configure import settings_from_config
-from shardinfer.settings_digest import output_digest
-from shardinfer.errors import ProofError, UserError
-from shardinfer.proof.gather import run_gather
-from shardinfer.shard.job import run_shard
-from shardinfer.shard.runtime import ShardJob
-from shardinfer.plan import remove_stale_shards, run_plan
 from shardinfer.contract.shard_file import IDENTITY_KEY
+from shardinfer.errors import ProofError, UserError
+from shardinfer.plan import remove_stale_shards, run_plan
+from shardinfer.proof.gather import run_gather
+from shardinfer.settings_digest import output_digest
+from shardinfer.shard.job import run_shard
 from shardinfer.shard.resume import resume_row, windows_folder
+from shardinfer.shard.runtime import ShardJob
 
 EXAMPLE = REPO / "examples" / "image-transfer"
 ROWS = 13
@@ -155,9 +155,12 @@ def flip_a_byte(folder: Path) -> None:
     (lambda f: (f / "2" / f"{10:09d}.png").write_bytes((f / "2" / f"{10:09d}.png").read_bytes()[:-9]),
      r"row 10: file `.*000000010.png` has \d+ bytes, its row records \d+ \(truncated"),
     (swap, r"row 5: file `.*000000005.png` (has \d+ bytes, its row records \d+|is not the file its row records)"),
-    (flip_a_byte, r"row 7: file `.*000000007.png` is not the file its row records \(SHA-256 differs: altered or swapped"),
-    (lambda f: (f / "0" / "000000099.png").write_bytes(b"x"), r"file `.*000000099.png` is in the shard's files folder but no row names it"),
-    (lambda f: shutil.copytree(f / "1", f / "3"), r"stray entry `.*results/files/3` in the files folder is not a planned shard's"),
+    (flip_a_byte,
+     r"row 7: file `.*000000007.png` is not the file its row records \(SHA-256 differs: altered or swapped"),
+    (lambda f: (f / "0" / "000000099.png").write_bytes(b"x"),
+     r"file `.*000000099.png` is in the shard's files folder but no row names it"),
+    (lambda f: shutil.copytree(f / "1", f / "3"),
+     r"stray entry `.*results/files/3` in the files folder is not a planned shard's"),
     (lambda f: (f / ".4.partial").mkdir(), r"stray entry `.*results/files/\.4\.partial` in the files folder"),
     (lambda f: set_files_identity(f.parent / "shards" / "1.parquet", folder="results/files/0"),
      r"shard 1 \(`results/shards/1.parquet`\): names files folder `results/files/0`, expected `results/files/1`"),
@@ -241,7 +244,8 @@ def shard_job_with(tmp_path: Path, made: Path, body: str, shard: int = 1) -> Sha
 
 
 @pytest.mark.parametrize("body,message", [
-    ("raise RuntimeError('bad pixel')", r"predict failed on row 4: .*RuntimeError: bad pixel.*traceback in this shard's log"),
+    ("raise RuntimeError('bad pixel')",
+     r"predict failed on row 4: .*RuntimeError: bad pixel.*traceback in this shard's log"),
     ("return {'blob': [b'x'], 'score': [1.0]}", r"column `blob` has 1 value\(s\) for [14] rows"),
     ("return {'blob': [b'x'] * len(index), 'score': [1.0] * len(index), 'extra': [1] * len(index)}",
      r"columns \['extra'\] are not declared in outputs"),
@@ -272,19 +276,19 @@ def test_a_killed_shard_job_leaves_neither_its_table_nor_its_files(tmp_path, mad
     monkeypatch.chdir(tmp_path)
     body = "time.sleep(0.5) if index[0] >= 5 else None; os.kill(os.getpid(), signal.SIGKILL) if index[0] >= 5 else None"
     job = shard_job_with(tmp_path, made_example, body)
-    code = (f"import sys; sys.path.insert(0, {str(REPO / 'workflow')!r}); import pickle; "
-            "from shardinfer.shard.job import run_shard; run_shard(pickle.load(open('job.pkl', 'rb')))")
+    code = "import pickle; from shardinfer.shard.job import run_shard; run_shard(pickle.load(open('job.pkl', 'rb')))"
     import pickle
 
     (tmp_path / "job.pkl").write_bytes(pickle.dumps(job))
-    killed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    killed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=python_env())
     assert killed.returncode == -signal.SIGKILL
     assert not Path(job.output).exists() and not Path(job.files).exists()
     leftovers = list(tmp_path.glob("files/.*.partial/*"))
     assert leftovers, "the first batch's files were staged before the kill"
     (tmp_path / "hook.py").write_text(HOOK.format(body="pass"))
     stats = run_shard(job)  # the rerun clears the staging folder and completes
-    assert stats["rows"] == 5 and sorted(p.name for p in Path(job.files).iterdir()) == [f"{i:09d}.bin" for i in range(4, 9)]
+    assert stats["rows"] == 5
+    assert sorted(p.name for p in Path(job.files).iterdir()) == [f"{i:09d}.bin" for i in range(4, 9)]
     assert not list(tmp_path.glob("files/.*.partial"))
 
 

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from shardinfer.shard.device_loop import CopyBack, predict_splitting
 from shardinfer.errors import UserError
+from shardinfer.shard.device_loop import CopyBack, predict_splitting
 from shardinfer.tasks.base import Window
 from shardinfer.tasks.custom import Custom
 
@@ -65,7 +65,8 @@ def test_a_fraction_for_an_integer_column_names_the_row_or_the_column():
     ragged = np.empty(2, dtype=object)
     ragged[:] = [[1], [2, 2.5]]
     for nested in ([[1], [2.0, 2.5]], [[1], np.array([2.0, 2.5])], np.array([[1.0], [2.5]]), ragged):  # in lists too
-        refused(lambda: task.typed("n", "list<int64>", nested, np.array([3, 4])), r"row 4: .* got 2\.5 \(not a whole")
+        refused(lambda nested=nested: task.typed("n", "list<int64>", nested, np.array([3, 4])),
+                r"row 4: .* got 2\.5 \(not a whole")
     refused(lambda: task.typed("n", "list<list<int64>>", [[[1]], [[0.5]]], np.array([3, 4])), r"row 4: .* got 0\.5")
     assert task.typed("n", "list<int64>", [[1.0], np.array([2.0, 3.0])], np.array([3, 4])).to_pylist() == [[1], [2, 3]]
 
@@ -119,8 +120,9 @@ def test_a_cost_that_fails_or_is_not_whole_is_refused_in_one_line(caplog):
     assert "Traceback" in caplog.text
 
 
-@pytest.mark.parametrize("name,message", [("a-b", "is not a name"), ("file/x", "is not a name"), ("1st", "is not a name"),
-                                          ("id", "clashes with index, id"), ("index", "clashes with")])
+@pytest.mark.parametrize("name,message", [("a-b", "is not a name"), ("file/x", "is not a name"),
+                                          ("1st", "is not a name"), ("id", "clashes with index, id"),
+                                          ("index", "clashes with")])
 def test_output_names_are_identifiers_apart_from_the_index_and_keep_columns(name, message):
     refused(lambda: custom({name: "int64"}), message)
 

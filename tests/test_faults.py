@@ -16,8 +16,15 @@ import numpy as np
 import pytest
 
 import reference
-from factory import (input_frame, prepare_workdir, read_predictions, run_workflow, run_workflows_ok,
-                     workflow_config, write_input)
+from factory import (
+    input_frame,
+    prepare_workdir,
+    read_predictions,
+    run_workflow,
+    run_workflows_ok,
+    workflow_config,
+    write_input,
+)
 from test_workflow import assert_refused, assert_same_rows, run_ok
 
 BIG = {"batch": {"max_tokens": 512, "max_rows": 32, "sort_window": 256}}

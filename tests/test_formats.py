@@ -10,19 +10,16 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.feather as feather
-import pyarrow.parquet as pq
 import pytest
 
-from factory import input_frame, run_workflow, workflow_config, write_input
+from factory import input_frame, write_input
 from shardinfer.errors import UserError
 from shardinfer.input.discovery import resolve_input
-from shardinfer.input.formats import all_formats, format_named, format_of
-from shardinfer.input.formats import text_blocks
+from shardinfer.input.formats import all_formats, format_named, format_of, text_blocks
 from shardinfer.input.parts import iter_pieces
 from shardinfer.input.scan import count_rows
 from shardinfer.input.shard_bound import check_shard_count
@@ -78,7 +75,8 @@ def test_arrow_ipc_reads_as_the_same_rows_as_parquet(tmp_path, kind):
         path = write_ipc_stream(table, tmp_path / "in.arrow", batch_rows=37)
     else:
         path = tmp_path / ("in.arrow" if kind == "arrow file" else "in.feather")
-        feather.write_feather(table, str(path), chunksize=37, compression="uncompressed" if kind == "arrow file" else "lz4")
+        compression = "uncompressed" if kind == "arrow file" else "lz4"
+        feather.write_feather(table, str(path), chunksize=37, compression=compression)
     inp = settings(path)
     assert inp.format == "arrow"
     want = parquet_rows(frame, tmp_path)

@@ -12,13 +12,13 @@ import pytest
 
 from factory import flip_a_data_page_byte, input_frame, input_settings, write_input
 from shardinfer.config import BatchSettings, ModelSettings, Settings
+from shardinfer.contract.content_digest import CONTENT_KEY
+from shardinfer.contract.shard_file import IDENTITY_KEY
 from shardinfer.errors import ProofError, UserError
+from shardinfer.plan import read_plan, run_plan
 from shardinfer.proof.gather import run_gather
 from shardinfer.shard.job import run_shard
 from shardinfer.shard.runtime import ShardJob
-from shardinfer.plan import read_plan, run_plan
-from shardinfer.contract.shard_file import IDENTITY_KEY
-from shardinfer.contract.content_digest import CONTENT_KEY
 
 ROWS, SHARDS, DIGEST = 40, 3, "digest-a"
 
@@ -175,7 +175,8 @@ def test_a_shard_with_edited_values_and_its_metadata_kept_is_refused_and_nothing
         return table.set_column(table.schema.get_field_index("probs"), "probs",
                                 pa.array(probs, type=table.schema.field("probs").type)), identity
 
-    assert_refused(shards, tampered(shards[2], tmp_path, 1, edit), r"shard 1 .*: its values are not those its job wrote")
+    assert_refused(shards, tampered(shards[2], tmp_path, 1, edit),
+                   r"shard 1 .*: its values are not those its job wrote")
     assert not list((shards[0] / "out").glob(".*partial"))  # shard 0 was already streamed: the partial file is gone
 
 

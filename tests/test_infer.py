@@ -17,16 +17,16 @@ import torch
 import reference
 from factory import input_frame, input_settings, write_input
 from shardinfer.config import BatchSettings, ModelSettings, Settings
-from shardinfer.shard.device_loop import predict_window, prepare_batches
-from shardinfer.errors import UserError
-from shardinfer.shard.job import run_shard
-from shardinfer.shard.runtime import ShardJob
-from shardinfer.shard.pipeline import Pipeline
-from shardinfer.plan import read_plan, run_plan
 from shardinfer.contract.shard_file import STATS_KEY
+from shardinfer.errors import UserError
+from shardinfer.plan import read_plan, run_plan
+from shardinfer.shard.device_loop import predict_window, prepare_batches
+from shardinfer.shard.job import run_shard
+from shardinfer.shard.pipeline import Pipeline
+from shardinfer.shard.runtime import ShardJob
+from shardinfer.shard.tokenize_job import TokenizeJob, run_tokenize
 from shardinfer.tasks.base import LoadContext, Task, Window
 from shardinfer.tasks.text import TextTask
-from shardinfer.shard.tokenize_job import TokenizeJob, run_tokenize
 
 
 def test_stages_hand_on_every_item_in_order():
@@ -157,7 +157,8 @@ def test_text_batches_pad_to_their_longest_row_and_empty_rows_to_one_token(shard
     tokenizer = SimpleNamespace(padding_side="right", model_input_names=["input_ids", "attention_mask"],
                                 num_special_tokens_to_add=lambda: 0)
     _, settings = shard_inputs
-    task = TextTask(SimpleNamespace(model=None), tokenizer, 0, LoadContext(settings, torch.device("cpu"), torch.float32))
+    context = LoadContext(settings, torch.device("cpu"), torch.float32)
+    task = TextTask(SimpleNamespace(model=None), tokenizer, 0, context)
     ids = [[5, 6, 7], [], [8, 9], [4]]
     window = Window(0, np.array([max(len(i), 1) for i in ids]), ids)
     prepared = prepare_batches(task, window, pa.table({}), BatchSettings(1000, 2, 64))

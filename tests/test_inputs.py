@@ -149,7 +149,8 @@ def full_config(inputs: dict | None = None, **extra) -> dict:
 
 
 @pytest.mark.parametrize("config,message", [
-    ({"model": {}}, r"config needs `input` \(one table\) or `inputs` \(named tables, e.g. val and test\); it has neither"),
+    ({"model": {}},
+     r"config needs `input` \(one table\) or `inputs` \(named tables, e.g. val and test\); it has neither"),
     ({"model": {}, "input": {"path": "a.csv"}, "inputs": {"val": {"path": "b.csv"}}},
      r"config has both `input` and `inputs`; give one.*add --replace-workflow-config to use it alone"),
     ({"model": {}, "inputs": {"val set": {"path": "a.csv"}}},
@@ -165,7 +166,8 @@ def test_input_or_inputs_and_their_names(config, message):
 @pytest.mark.parametrize("inputs,message", [
     ({}, r"config `inputs`: \{\} should be non-empty"),
     ({"val": {"path": "a.csv", "shard": 2}}, r"config `inputs.val`: Additional properties are not allowed \('shard'"),
-    ({"val": {"path": "a.csv", "shards": 0}}, r"config `inputs.val.shards`: 0 is not allowed; give an integer >= 1 or `auto`"),
+    ({"val": {"path": "a.csv", "shards": 0}},
+     r"config `inputs.val.shards`: 0 is not allowed; give an integer >= 1 or `auto`"),
     ({"val": {"format": "csv"}}, r"config `inputs.val`: 'path' is a required property"),
 ])
 def test_schema_refuses_bad_inputs_naming_the_key(inputs, message):

@@ -8,11 +8,10 @@ import torch
 import reference
 from factory import LABELS, bert_config, build_lora_on_plain_base, input_settings, save_tokenizer, settings_for, texts
 from shardinfer.config import BatchSettings, ModelSettings, Settings
-from shardinfer.settings_digest import output_digest
 from shardinfer.errors import UserError
-from shardinfer.tasks import task_class
 from shardinfer.hf.labels import label_names
-
+from shardinfer.settings_digest import output_digest
+from shardinfer.tasks import task_class
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.classify import Classify
 

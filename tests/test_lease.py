@@ -1,7 +1,6 @@
 """The GPU lease, with simulated device counts: no two live jobs share a device, a killed
 holder's device is free again, and a scheduler's choice is used as given."""
 
-import os
 import signal
 import subprocess
 import sys
@@ -9,12 +8,11 @@ import time
 
 import pytest
 
+from factory import python_env
 from shardinfer.devices import LeaseTimeout, acquire_device
 
-WORKFLOW = os.path.join(os.path.dirname(__file__), "..", "workflow")
 HOLDER = """
-import sys, time, logging
-sys.path.insert(0, {workflow!r})
+import time
 from pathlib import Path
 from shardinfer.devices import acquire_device
 lease = acquire_device(env={{}}, lock_dir=Path({lock_dir!r}), count_gpus=lambda: {gpus}, poll_s=0.05)
@@ -24,8 +22,8 @@ time.sleep(120)
 
 
 def start_holder(lock_dir, gpus: int) -> subprocess.Popen:
-    code = HOLDER.format(workflow=WORKFLOW, lock_dir=str(lock_dir), gpus=gpus)
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    code = HOLDER.format(lock_dir=str(lock_dir), gpus=gpus)
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=python_env())
 
 
 def device_of(holder: subprocess.Popen) -> str:

@@ -31,7 +31,8 @@ def test_pickle_weights_are_refused_unless_allowed(models, tmp_path):
 
     torch.save(load_file(copy / "model.safetensors"), copy / "pytorch_model.bin")
     (copy / "model.safetensors").unlink()
-    with pytest.raises(UserError, match=r"has only pickle weights \(pytorch_model.bin\), which can run code.*allow_pickle"):
+    with pytest.raises(UserError,
+                       match=r"has only pickle weights \(pytorch_model.bin\), which can run code.*allow_pickle"):
         load_classifier(model_settings(copy))
     task = load_classifier(model_settings(copy, allow_pickle=True))
     assert task.model.config.num_labels == 3
@@ -41,7 +42,8 @@ def test_missing_tokenizer(models, tmp_path):
     copy = shutil.copytree(models.classifier, tmp_path / "no-tokenizer")
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         (copy / name).unlink(missing_ok=True)
-    with pytest.raises(UserError, match=r"model.path `.*no-tokenizer`: no tokenizer there \(none of tokenizer.json, vocab.txt"):
+    with pytest.raises(UserError,
+                       match=r"model.path `.*no-tokenizer`: no tokenizer there \(none of tokenizer.json, vocab.txt"):
         load_tokenizer(model_settings(copy))
 
 
@@ -58,8 +60,8 @@ def test_adapter_for_another_base_model(models, tmp_path):
     wider = tmp_path / "wider"
     BertForSequenceClassification(bert_config(num_labels=3, id2label=LABELS, hidden_size=48)).save_pretrained(wider)
     save_lora(wider, tmp_path / "wider-lora", ["classifier"])
-    with pytest.raises(UserError, match=r"does not fit .*: `bert.encoder.layer.0.attention.self.query` has width 32 in the "
-                                        r"model but 48 in the adapter \(an adapter for another base model\?\)"):
+    with pytest.raises(UserError, match=r"does not fit .*: `bert.encoder.layer.0.attention.self.query` has width 32 "
+                                        r"in the model but 48 in the adapter \(an adapter for another base model\?\)"):
         load_classifier(model_settings(models.classifier, adapter=tmp_path / "wider-lora"))
 
 
@@ -106,8 +108,8 @@ def test_decoder_classifier_batched_equals_unbatched(models, tmp_path, padding_s
 
     from factory import texts
     from shardinfer.config import BatchSettings
-    from shardinfer.shard.device_loop import predict_window, prepare_batches
     from shardinfer.hf.models import LoadedModel, settle_pad_token
+    from shardinfer.shard.device_loop import predict_window, prepare_batches
 
     tokenizer = AutoTokenizer.from_pretrained(models.classifier)
     tokenizer.padding_side = padding_side

@@ -106,5 +106,6 @@ def test_the_catalogs_standard_layout_and_its_rulegraph_check_hold(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     edges = set(re.findall(r"(\d+) -> (\d+)", result.stdout))
     names = dict(re.findall(r'(\d+)\[label = "(\w+)"', result.stdout))
-    assert {(names[a], names[b]) for a, b in edges} >= {("plan", "infer"), ("infer", "gather"), ("gather", "report_items"),
-                                                         ("gather", "all"), ("report_items", "all")}
+    assert {(names[a], names[b]) for a, b in edges} >= {("plan", "infer"), ("infer", "gather"),
+                                                         ("gather", "report_items"), ("gather", "all"),
+                                                         ("report_items", "all")}

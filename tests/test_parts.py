@@ -19,12 +19,12 @@ import pytest
 
 from factory import flip_a_data_page_byte, input_frame, input_settings, run_workflow, workflow_config, write_input
 from shardinfer.errors import ProofError, UserError
-from shardinfer.proof.prove import prove
-from shardinfer.input.identity import gather_trigger, plan_trigger
 from shardinfer.input.discovery import resolve_input
 from shardinfer.input.formats.base import common_type
+from shardinfer.input.identity import gather_trigger, plan_trigger
 from shardinfer.input.parts import iter_pieces
 from shardinfer.plan import make_plan, read_plan, run_plan
+from shardinfer.proof.prove import prove
 from test_workflow import assert_refused, run_ok
 
 CUTS = (0, 137, 137, 640, 1000)  # uneven parts, one of them empty
@@ -153,10 +153,12 @@ def test_parquet_parts_of_other_writers_types_are_read_in_one_type(tmp_path):
     the plan types the parts together and every shard reads them in those types."""
     frame = input_frame(30)
     write_input(frame.iloc[:10], tmp_path / "parts" / "a.parquet")
-    spark = pa.table({"text": pa.array(frame["text"][10:20], pa.string()), "id": pa.array(frame["id"][10:20], pa.string()),
+    spark = pa.table({"text": pa.array(frame["text"][10:20], pa.string()),
+                      "id": pa.array(frame["id"][10:20], pa.string()),
                       "gold": pa.array(frame["gold"][10:20], pa.int32())})
     pq.write_table(spark, tmp_path / "parts" / "b.parquet")
-    categorical = pa.Table.from_pandas(frame.iloc[20:].astype({"id": "category", "gold": "uint32"}), preserve_index=False)
+    categorical = pa.Table.from_pandas(frame.iloc[20:].astype({"id": "category", "gold": "uint32"}),
+                                       preserve_index=False)
     pq.write_table(categorical, tmp_path / "parts" / "c.parquet")
     inp = parts_settings(tmp_path / "parts", keep_columns=("id", "gold"))
     plan = make_plan(inp, 3, 32)
@@ -175,7 +177,8 @@ def test_parquet_parts_of_other_writers_types_are_read_in_one_type(tmp_path):
     (pa.uint32(), pa.int64(), pa.int64()), (pa.uint64(), pa.int64(), None), (pa.int8(), pa.uint8(), None),
     (pa.float32(), pa.float64(), pa.float64()), (pa.int64(), pa.float64(), None), (pa.null(), pa.int16(), pa.int16()),
     (pa.dictionary(pa.int8(), pa.string()), pa.large_string(), pa.large_string()), (pa.string(), pa.int64(), None),
-    (pa.list_(pa.int32()), pa.large_list(pa.int64()), pa.large_list(pa.int64())), (pa.timestamp("ms"), pa.string(), None),
+    (pa.list_(pa.int32()), pa.large_list(pa.int64()), pa.large_list(pa.int64())),
+    (pa.timestamp("ms"), pa.string(), None),
 ])
 def test_parquet_parts_widen_only_where_every_value_is_kept(one, other, common):
     assert common_type(one, other) == common and common_type(other, one) == common

@@ -9,8 +9,8 @@ import pytest
 
 from factory import bytes_read, input_frame, write_empty_input, write_input
 from factory import input_settings as settings_for
-from shardinfer.input.formats import text_blocks as tables
 from shardinfer.errors import UserError
+from shardinfer.input.formats import text_blocks as tables
 from shardinfer.input.parts import iter_pieces
 from shardinfer.plan import PLAN_VERSION, balanced_ranges, estimated_tokens, make_plan, read_plan, write_plan
 
@@ -96,7 +96,8 @@ def test_plan_round_trips_and_records_rows_and_fingerprint(tmp_path, suffix):
     assert again.rows == 10 and len(again.costs) == 3
     check_cover(again.ranges, 10, 3)
     part = json.loads((tmp_path / "plan.json").read_text())["input"]["parts"][0]
-    assert part["size"] == os.stat(path).st_size and (part["path"], part["first_row"], part["rows"]) == (str(path), 0, 10)
+    assert part["size"] == os.stat(path).st_size
+    assert (part["path"], part["first_row"], part["rows"]) == (str(path), 0, 10)
 
 
 def test_plan_id_changes_with_the_input(tmp_path):

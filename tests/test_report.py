@@ -19,11 +19,22 @@ import yaml
 
 from factory import REPO, prepare_workdir
 from shardinfer.errors import UserError
+from shardinfer.plan import Plan
 from shardinfer.proof.prove import ShardFile
 from shardinfer.proof.summary import run_facts, token_lengths
-from shardinfer.plan import Plan
-from shardinfer.report import (MAX_BARS, SHARD_COLUMNS, ReportFiles, html_table, load_seconds, rows_per_s,
-                               run_rows, shard_columns, shard_rows, show, write_report)
+from shardinfer.report import (
+    MAX_BARS,
+    SHARD_COLUMNS,
+    ReportFiles,
+    html_table,
+    load_seconds,
+    rows_per_s,
+    run_rows,
+    shard_columns,
+    shard_rows,
+    show,
+    write_report,
+)
 
 ITEMS = ("run.html", "shards.html", "rows_per_s.png", "stages.png", "token_lengths.png")
 PNG_SIZE = (800, 400)  # report.SIZE at report.DPI

@@ -28,18 +28,18 @@ import pyarrow.parquet as pq
 import pytest
 
 import plugins
-from factory import REPO, input_frame, input_settings, write_input
+from factory import REPO, input_frame, input_settings, python_env, write_input
 from shardinfer.config import BatchSettings, ModelSettings, Settings
 from shardinfer.configure import settings_from_config
+from shardinfer.contract.shard_file import STATS_KEY
 from shardinfer.errors import UserError
 from shardinfer.plan import remove_stale_shards, run_plan
 from shardinfer.proof.gather import run_gather
-from shardinfer.contract.shard_file import STATS_KEY
 from shardinfer.settings_digest import output_digest
 from shardinfer.shard import job as job_module
 from shardinfer.shard.job import run_shard
-from shardinfer.shard.runtime import ShardJob
 from shardinfer.shard.resume import windows_folder
+from shardinfer.shard.runtime import ShardJob
 from shardinfer.shard.tokenize_job import TokenizeJob, run_tokenize
 
 ROWS = 60
@@ -61,7 +61,8 @@ class Predictor:
             Path("stopped.pid").write_text(str(os.getpid()))
             while True:  # a long model call, until the job is signalled
                 time.sleep(0.02)
-        return {"blob": [bytes([int(i)]) * 4 for i in index], "y": [float(v) * 2 for v in table.column("x").to_pylist()]}
+        return {"blob": [bytes([int(i)]) * 4 for i in index],
+                "y": [float(v) * 2 for v in table.column("x").to_pylist()]}
 
 def build(model_path, options, device):
     return Predictor()
@@ -172,8 +173,6 @@ def test_a_sigterm_stops_the_shard_at_once_and_the_rerun_computes_only_the_rest(
 
 
 KILLED_JOB = """
-import os, sys
-sys.path[:0] = [{workflow!r}, {tests!r}]
 from test_resume import hook_job, run_shard
 from pathlib import Path
 run_shard(hook_job(Path.cwd(), make=False))
@@ -186,8 +185,8 @@ def test_a_killed_job_loses_at_most_the_window_it_was_computing(tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     hook_job(tmp_path)
     script = tmp_path / "job.py"
-    script.write_text(KILLED_JOB.format(workflow=str(REPO / "workflow"), tests=str(REPO / "tests")))
-    process = subprocess.Popen([sys.executable, str(script)], env={**os.environ, "HOOK_STOP_AT": str(STOP_AT)},
+    script.write_text(KILLED_JOB)
+    process = subprocess.Popen([sys.executable, str(script)], env=python_env(HOOK_STOP_AT=str(STOP_AT)),
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     window = windows_folder("shards/0.parquet") / f"{17:012d}.parquet"
     deadline = time.time() + 120
@@ -253,8 +252,11 @@ def test_a_text_task_with_token_ids_made_ahead_resumes_to_the_same_rows_and_tota
     run_plan(inp, 1, 32, str(tmp_path / "plan.json"))
     tokens = str(tmp_path / "tokens.parquet")
     run_tokenize(TokenizeJob(settings, str(tmp_path / "plan.json"), 0, tokens, "key"))
-    job = lambda name: ShardJob(settings, str(tmp_path / "plan.json"), 0, str(tmp_path / name), "digest",
-                                tokens=tokens, tokenizer_key="key")
+
+    def job(name):
+        return ShardJob(settings, str(tmp_path / "plan.json"), 0, str(tmp_path / name), "digest", tokens=tokens,
+                        tokenizer_key="key")
+
     whole = run_shard(job("whole.parquet"))
     real_predict = job_module.predict_window
 
@@ -293,8 +295,9 @@ def test_a_new_plan_with_fewer_shards_removes_the_windows_of_shards_it_no_longer
 def test_the_slurm_profile_asks_for_sigterm_ahead_of_the_time_limit():
     """The plugin passes `slurm_extra` to sbatch as it is (its own code, checked here): the shard
     jobs get SIGTERM 120 s before their time limit, time to commit and stop cleanly."""
-    import yaml
     from types import SimpleNamespace
+
+    import yaml
 
     plugins.importable()  # beside the venv (tests/install-plugins)
     pytest.importorskip("snakemake_executor_plugin_slurm")

@@ -123,7 +123,8 @@ class Predictor:
         bad = sorted(set(int(i) for i in index) & FAILING)
         if bad:
             raise ValueError(f"bad row {{bad[0]}}")
-        return {{"blob": [bytes([int(i)]) * 4 for i in index], "y": [float(v) * 2 for v in table.column("x").to_pylist()]}}
+        return {{"blob": [bytes([int(i)]) * 4 for i in index],
+                "y": [float(v) * 2 for v in table.column("x").to_pylist()]}}
 
 def build(model_path, options, device):
     return Predictor()
@@ -161,8 +162,11 @@ def test_record_writes_every_row_in_place_and_gather_proves_the_absent_files(tmp
     jobs = shard_jobs(settings)
     stats = [run_shard(job) for job in jobs]
     assert sum(s["row_errors"] for s in stats) == 2 and stats[0]["first_row_errors"] == [3]
-    gather = lambda: run_gather("plan.json", [j.output for j in jobs], settings.input, settings.to_dict()["model"],
-                                jobs[0].digest, "out.parquet", "out.json", files_folders=[j.files for j in jobs])
+
+    def gather():
+        return run_gather("plan.json", [j.output for j in jobs], settings.input, settings.to_dict()["model"],
+                          jobs[0].digest, "out.parquet", "out.json", files_folders=[j.files for j in jobs])
+
     summary = gather()
     table = pq.read_table("out.parquet").to_pandas()
     assert table["index"].tolist() == list(range(24)) and table["id"].tolist() == [f"r{i}" for i in range(24)]
@@ -203,7 +207,8 @@ def test_fail_mode_fails_the_shard_in_one_line_and_leaves_nothing(tmp_path, monk
 def test_a_shard_above_the_cap_fails_and_leaves_no_shard_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     job = shard_jobs(validated(hook_config(24, 1, limit=1)))[0]
-    with pytest.raises(UserError, match=r"shard 0: 2 rows failed, more than row_errors.max allows \(1\); first rows: 3, 17"):
+    with pytest.raises(UserError,
+                       match=r"shard 0: 2 rows failed, more than row_errors.max allows \(1\); first rows: 3, 17"):
         run_shard(job)
     assert not Path(job.output).exists() and not Path(job.files).exists()
 

@@ -158,7 +158,8 @@ def test_jsonl_column_of_two_types_is_refused_naming_it(tmp_path, monkeypatch):
     monkeypatch.setattr(tables, "BLOCK_BYTES", 8)  # a block per line: the second type is in a later block
     path = tmp_path / "mixed.jsonl"
     path.write_text("".join(f'{{"id": {i}, "text": "t"}}\n' for i in range(10)) + '{"id": "x", "text": "t"}\n')
-    with pytest.raises(UserError, match=r"column `id` holds int64 before line 11 and string from there on; give it one type"):
+    with pytest.raises(UserError,
+                       match=r"column `id` holds int64 before line 11 and string from there on; give it one type"):
         scan_input(settings_for(path))
 
 
@@ -349,8 +350,9 @@ def test_csv_last_record_of_spaces_without_a_newline_is_a_row(tmp_path, monkeypa
 
 
 def test_a_map_keep_column_is_kept_and_proven_and_a_union_is_refused_at_the_plan(tmp_path):
-    from shardinfer.contract.content_digest import table_digest
     import pyarrow.parquet as pq
+
+    from shardinfer.contract.content_digest import table_digest
 
     frame = input_frame(30)
     maps = pa.array([[("k", i), ("j", -i)] if i % 3 else None for i in range(30)], pa.map_(pa.string(), pa.int64()))

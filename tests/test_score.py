@@ -9,8 +9,16 @@ import pyarrow as pa
 import pytest
 import torch
 
-from factory import (REPO, build_tiny_cross_encoder, input_frame, read_predictions, run_workflows_ok, texts,
-                     workflow_config, write_input)
+from factory import (
+    REPO,
+    build_tiny_cross_encoder,
+    input_frame,
+    read_predictions,
+    run_workflows_ok,
+    texts,
+    workflow_config,
+    write_input,
+)
 from shardinfer.checks import check_settings
 from shardinfer.configure import settings_from_config
 from shardinfer.errors import UserError
@@ -100,7 +108,8 @@ def test_scores_are_the_models_own_on_each_pair_with_its_token_types(cross, pair
 
 def test_sigmoid_gives_the_logits_sigmoid(cross, pairs):
     path, frame = pairs
-    got, _ = scored(load(validated(score_config(path, cross, score={"pair_column": "passage", "sigmoid": True}))), frame)
+    config = score_config(path, cross, score={"pair_column": "passage", "sigmoid": True})
+    got, _ = scored(load(validated(config)), frame)
     np.testing.assert_allclose(got, 1 / (1 + np.exp(-direct(cross, frame).astype(np.float64))), atol=1e-6)
 
 

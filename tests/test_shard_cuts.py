@@ -18,7 +18,8 @@ SHARDS = 5
 @pytest.mark.parametrize("suffix", [".csv.gz", ".jsonl", ".parquet"])
 def test_each_cut_holds_exactly_its_shards_rows_in_the_plans_types(tmp_path, suffix):
     frame = input_frame(333, seed=4)
-    path = gzipped(frame, tmp_path / f"in{suffix}") if suffix.endswith(".gz") else write_input(frame, tmp_path / f"in{suffix}")
+    target = tmp_path / f"in{suffix}"
+    path = gzipped(frame, target) if suffix.endswith(".gz") else write_input(frame, target)
     settings = settings_for(path)
     plan = make_plan(settings, SHARDS, 32)
     cut = plan.write_cuts(settings, [str(tmp_path / f"{k}.parquet") for k in range(SHARDS)])
@@ -67,7 +68,8 @@ def test_parts_named_as_configured_plan_alike_wherever_their_copies_were(tmp_pat
     first = write_input(frame, tmp_path / "a" / "in.parquet")
     second = write_input(frame, tmp_path / "b" / "in.parquet")
     # as the plan job reads them: input.path as configured, its part where the job's copy lies
-    read = [dataclasses.replace(settings_for(path), path="data/in.parquet", parts=(str(path),)) for path in (first, second)]
+    read = [dataclasses.replace(settings_for(path), path="data/in.parquet", parts=(str(path),))
+            for path in (first, second)]
     plans = [make_plan(settings, 2, 32).named_as(("data/in.parquet",)) for settings in read]
     assert plans[0].plan_id == plans[1].plan_id
     assert plans[0].parts[0].path == "data/in.parquet" and plans[0].parts[0].mtime_ns == 0

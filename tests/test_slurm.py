@@ -77,7 +77,8 @@ def slurm(tmp_path_factory):
     yield
     if started:  # in the background (its daemons take seconds to stop): no test after this module uses Slurm
         with (tmp_path_factory.getbasetemp() / "stop-slurm.log").open("w") as log:
-            subprocess.Popen([str(SCRIPTS / "stop-slurm")], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            subprocess.Popen([str(SCRIPTS / "stop-slurm")], stdout=log, stderr=subprocess.STDOUT,
+                             start_new_session=True)
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +116,8 @@ def bucket_profile(profile, s3, tmp_path_factory) -> Path:
     scratch = tmp_path_factory.mktemp("node-scratch")
     # The endpoint goes in the environment (bucket_env): the Slurm plugin hands a storage setting that
     # has an environment variable to its jobs only that way (not on their command line).
-    config.update({"default-storage-prefix": s3.url("slurm"), "remote-job-local-storage-prefix": f"{scratch}/$SLURM_JOB_ID"})
+    config.update({"default-storage-prefix": s3.url("slurm"),
+                   "remote-job-local-storage-prefix": f"{scratch}/$SLURM_JOB_ID"})
     folder = tmp_path_factory.mktemp("bucket-profile")
     (folder / "config.yaml").write_text(yaml.safe_dump(config))
     return folder

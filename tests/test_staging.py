@@ -15,14 +15,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from factory import gzipped, input_frame, input_settings
-from shardinfer.input.formats import parquet, text_blocks
-from shardinfer.input.formats import text_blocks as tables
 from shardinfer.errors import ProofError, UserError
-from shardinfer.proof.prove import check_part
+from shardinfer.input.formats import format_named, parquet, text_blocks
 from shardinfer.input.parts import iter_pieces
-from shardinfer.plan import make_plan, read_plan, run_plan
-from shardinfer.input.formats import format_named
 from shardinfer.input.staging import should_stage, stage_part
+from shardinfer.plan import make_plan, read_plan, run_plan
+from shardinfer.proof.prove import check_part
 from test_parts import parts_settings, write_parts
 
 MiB = 1 << 20
@@ -123,7 +121,8 @@ def test_a_parquet_copy_also_cuts_groups_at_a_memory_bound(tmp_path, monkeypatch
     metadata = pq.ParquetFile(plan.parts[0].staged.path).metadata
     ends = {sum(metadata.row_group(g).num_rows for g in range(k + 1)) for k in range(metadata.num_row_groups)}
     assert metadata.num_row_groups > 3 and {end for _, end in plan.ranges} <= ends
-    got = [row for pieces in plan.pieces for _, batch in iter_pieces(inp, pieces) for row in batch.column("id").to_pylist()]
+    got = [row for pieces in plan.pieces for _, batch in iter_pieces(inp, pieces)
+           for row in batch.column("id").to_pylist()]
     assert got == frame["id"].tolist()
 
 
@@ -142,7 +141,8 @@ def test_only_the_parts_that_need_it_are_staged(tmp_path):
     # part 0 (rows 0-99) lies in shard 0 alone; parts 1 and 2 hold shard boundaries inside a row group
     assert [part.staged is not None for part in plan.parts] == [False, True, True]
     assert sorted(p.name for p in (tmp_path / "staged").iterdir()) == ["00001.parquet", "00002.parquet"]
-    rows = [row for pieces in plan.pieces for _, batch in iter_pieces(inp, pieces) for row in batch.column("id").to_pylist()]
+    rows = [row for pieces in plan.pieces for _, batch in iter_pieces(inp, pieces)
+            for row in batch.column("id").to_pylist()]
     assert rows == frame["id"].tolist()
 
 
@@ -191,7 +191,8 @@ def test_a_copy_that_cannot_be_written_is_named_as_such_not_as_the_input(tmp_pat
     path = gzipped(input_frame(50), tmp_path / "in.csv.gz")
     (tmp_path / "staged").write_text("a file where the folder goes")
     with pytest.raises(UserError, match=r"^cannot write the staged copy `.*staged/00000.csv`: "):
-        stage_part(input_settings(path), str(path), "sha256:any", [(0, 25), (25, 50)], tmp_path / "staged" / "00000.csv")
+        stage_part(input_settings(path), str(path), "sha256:any", [(0, 25), (25, 50)],
+                   tmp_path / "staged" / "00000.csv")
 
 
 def test_a_part_replaced_while_it_is_staged_is_refused(tmp_path, monkeypatch):

@@ -3,7 +3,8 @@ in an empty folder of its own, and the table in the bucket equal to a shared-fil
 a named input whose parts are found by listing a folder in the bucket.
 
 The server is SeaweedFS on localhost (tests/storage/start-s3, the `s3` fixture). The runs
-(tests/bucket_runs.py, made in the background: the `bucket_runs` fixture) use the shipped profiles/s3 with the cluster-generic executor, whose submit command
+(tests/bucket_runs.py, made in the background: the `bucket_runs` fixture) use the shipped
+profiles/s3 with the cluster-generic executor, whose submit command
 (tests/storage/submit-in-empty-folder) starts each job in a fresh empty folder, the way Snakemake's
 own tests run remote jobs and a Kubernetes pod starts: the job gets the workflow's sources from the
 bucket (--job-deploy-sources) and downloads its declared inputs; nothing else reaches it. The
@@ -28,7 +29,6 @@ import yaml
 
 import factory
 import plugins
-import s3_server
 from bucket_runs import INPUT, MODEL, ROWS, SHARDS, VAL_PARTS
 from test_workflow import assert_same_rows
 
@@ -44,7 +44,8 @@ def test_the_table_in_the_bucket_equals_a_shared_filesystem_run_row_for_row(buck
     assert (summary["rows"], summary["shards"]) == (ROWS, SHARDS)
     # `batch.max_tokens: auto`, resolved by the shard job for its device: CPU, 1 thread, a one-pass task
     log = first.objects["logs/infer/0.log"].decode()
-    assert "running on cpu (1 threads)" in log and "batches of at most 1024 padded tokens (batch.max_tokens: auto)" in log
+    assert "running on cpu (1 threads)" in log
+    assert "batches of at most 1024 padded tokens (batch.max_tokens: auto)" in log
     # the model from the job's downloaded copies of the staged model (model.path names nothing there)
     assert re.search(r"loaded \S*/results/model/[0-9a-f]{16}/model \(task classify\)", log), log
     # the terminal names the table where it is

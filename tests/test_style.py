@@ -1,4 +1,5 @@
-"""The workflow stays lint-clean and formatted: `snakemake --lint` and `snakefmt --check`."""
+"""The workflow stays lint-clean and formatted: `snakemake --lint`, `snakefmt --check` and ruff over
+the Python code (its rules in pyproject.toml)."""
 
 import subprocess
 import sys
@@ -18,6 +19,13 @@ def test_snakefmt_check_is_clean():
     result = subprocess.run([str(snakefmt), "--check", "Snakefile", "workflow"], cwd=REPO, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr
+
+
+def test_ruff_finds_nothing():
+    ruff = Path(sys.executable).with_name("ruff")
+    result = subprocess.run([str(ruff), "check", "--no-cache", "--output-format", "concise", "."], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr
 
 
 def test_conda_env_installs_what_requirements_install():

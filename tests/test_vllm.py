@@ -22,7 +22,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from factory import WORDS, build_tiny_causal_lm, prepare_workdir, read_predictions, run_workflow, run_workflows
+from factory import (
+    WORDS,
+    build_tiny_causal_lm,
+    prepare_workdir,
+    python_env,
+    read_predictions,
+    run_workflow,
+    run_workflows,
+)
 from test_generate import generate_config, run, settings
 
 COLUMNS = ["generated", "n_prompt_tokens", "n_generated_tokens", "finish_reason"]
@@ -93,7 +101,8 @@ def everything(lm, lora, tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm-runs")
     data = root / "prompts.parquet"
     pd.DataFrame({"id": [f"p{i}" for i in range(ROWS)], "text": prompt_texts()}).to_parquet(data, index=False)
-    probe = subprocess.Popen(probe_command(lm, root), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    probe = subprocess.Popen(probe_command(lm, root), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=python_env())
     planned = {(name, shards): (root / f"{name}-{shards}", engine_config(data, lm, shards, engine, adapter, **options))
                for name, engine, shards, adapter, options in (("vllm", "vllm", 1, lora, CHAT_STOP),
                                                               ("vllm", "vllm", 2, lora, CHAT_STOP),

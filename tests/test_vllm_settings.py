@@ -15,8 +15,8 @@ import torch
 
 from factory import build_tiny_causal_lm, settings_for
 from shardinfer.config import BatchSettings, ModelSettings
-from shardinfer.settings_digest import output_digest
 from shardinfer.errors import UserError
+from shardinfer.settings_digest import output_digest
 from shardinfer.tasks import engine_class
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.generate import Generate

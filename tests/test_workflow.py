@@ -12,8 +12,16 @@ import pyarrow.parquet as pq
 import pytest
 
 import reference
-from factory import (input_frame, read_predictions, run_workflow, run_workflows, run_workflows_ok, workflow_config,
-                     write_empty_input, write_input)
+from factory import (
+    input_frame,
+    read_predictions,
+    run_workflow,
+    run_workflows,
+    run_workflows_ok,
+    workflow_config,
+    write_empty_input,
+    write_input,
+)
 
 ATOL = 1e-5  # float32 on CPU: batched vs unbatched attention differs by ~1e-7
 
@@ -185,8 +193,8 @@ def test_a_classifier_head_that_an_adapter_lacks_or_nobody_trained_is_refused(mo
         path = write_input(input_frame(10), tmp_path / name / "data" / "input.parquet")
         runs.append((tmp_path / name, workflow_config(path, models.encoder, shards=1, adapter=adapter)))
     without_head, untrained = run_workflows(runs)
-    assert_refused(without_head, tmp_path / "adapter", "classifier weights classifier.bias, classifier.weight are missing",
-                   "predictions would be random")
+    assert_refused(without_head, tmp_path / "adapter",
+                   "classifier weights classifier.bias, classifier.weight are missing", "predictions would be random")
     assert_refused(untrained, tmp_path / "base", "it has no trained classification head")
 
 
@@ -200,7 +208,8 @@ def test_an_input_without_rows_gives_an_empty_proven_table_and_a_warning(models,
     table = pq.read_table(tmp_path / "results" / "predictions.parquet")
     assert table.num_rows == 0 and table.schema.names == ["index", "id", "gold", "label", "label_id", "probs"]
     assert json.loads((tmp_path / "results" / "summary.json").read_text())["rows"] == 0
-    assert "0 rows written to results/predictions.parquet, proven complete and in input order (2 shards, no rows)" in shown
+    written = "0 rows written to results/predictions.parquet, proven complete and in input order (2 shards, no rows)"
+    assert written in shown
     assert f"shardinfer: WARNING the input had no rows ({path})" in shown
     for shard in (0, 1):
         assert "without loading the model" in (tmp_path / "logs" / "infer" / f"{shard}.log").read_text()

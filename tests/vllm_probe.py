@@ -1,7 +1,7 @@
 """Task generate on vLLM's engine, driven as the shard runner drives it, in a process of its own
 (the in-process engine binds the process's CPU threads and stays loaded, so not in pytest's):
 
-    python tests/vllm_probe.py <model dir> <texts.json> <out.json>
+    PYTHONPATH=workflow:tests:scripts python tests/vllm_probe.py <model dir> <texts.json> <out.json>
 
 Writes, for the texts: greedy rows, sampled rows as one window, sampled rows in reversed windows
 (each row at its own global index), a subset alone, and another seed; each row as the task's
@@ -13,9 +13,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
 
 SAMPLING = {"do_sample": True, "temperature": 1.3, "top_p": 0.95, "seed": 7}
 
@@ -94,7 +91,8 @@ def engine_facts() -> dict:
     from vllm.config.lora import MaxLoRARanks
     from vllm.engine.arg_utils import EngineArgs
 
-    return {"lora_ranks": list(get_args(MaxLoRARanks)), "engine_fields": [f.name for f in dataclasses.fields(EngineArgs)]}
+    return {"lora_ranks": list(get_args(MaxLoRARanks)),
+            "engine_fields": [field.name for field in dataclasses.fields(EngineArgs)]}
 
 
 if __name__ == "__main__":

@@ -8,9 +8,9 @@ from __future__ import annotations
 import errno
 import json
 import os
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -78,8 +78,9 @@ def atomic_parquet_writer(path: str | Path, schema: pa.Schema, before_commit: Ca
                           **options) -> Iterator[pq.ParquetWriter]:
     """A ParquetWriter whose file only takes its final name once closed without error.
 
-    `options`: ParquetWriter's own (compression, ...). `before_commit` runs after the file is closed (its footer written) and just before it takes its
-    name: what must appear with the file (a shard's files folder) is renamed there, never earlier.
+    `options`: ParquetWriter's own (compression, ...). `before_commit` runs after the file is closed
+    (its footer written) and just before it takes its name: what must appear with the file (a
+    shard's files folder) is renamed there, never earlier.
 
     Every page carries a CRC32 checksum, so a reader that asks for verification
     (`page_checksum_verification=True`) refuses a file damaged on disk instead of reading wrong values.

@@ -15,8 +15,8 @@ resolves another count replans, and the old plan's shards are removed
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Mapping, MutableMapping
 
 from shardinfer.devices import candidate_devices, detect_gpu_count
 
@@ -59,7 +59,8 @@ def auto_shards(machine: Machine, gpu_threads: int) -> AutoShards:
     on 2 cores, two 1-thread shard jobs take 0.8x the wall time of one 2-thread job (the demo,
     3,000 texts), since each job's start-up and tokenizing run on a core of their own."""
     if machine.gpus:
-        return AutoShards(min(machine.gpus, MOST), machine.set_threads or gpu_threads, f"--resources gpu={machine.gpus}")
+        return AutoShards(min(machine.gpus, MOST), machine.set_threads or gpu_threads,
+                          f"--resources gpu={machine.gpus}")
     if machine.job_slots:
         return AutoShards(min(machine.job_slots, MOST), machine.set_threads or gpu_threads,
                           f"--jobs {machine.job_slots} on a cluster executor")

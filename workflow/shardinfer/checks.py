@@ -9,11 +9,11 @@ import tempfile
 from pathlib import Path
 
 from shardinfer.config import InputSettings, Settings
+from shardinfer.contract.shard_file import INDEX_COLUMN
 from shardinfer.errors import UserError
 from shardinfer.input.discovery import missing_input
 from shardinfer.input.formats import format_named
 from shardinfer.input.shard_bound import check_shard_count
-from shardinfer.contract.shard_file import INDEX_COLUMN
 from shardinfer.tasks import TASKS, engine_class, may_write_files, output_columns, task_class
 
 INPUT_NAME = re.compile(r"[A-Za-z0-9_-]+")  # a name of `inputs`: a folder under results/ and logs/

@@ -26,7 +26,8 @@ class InputSettings:
     # when the plan copies a part for its shards to read by range (shardinfer.input.staging)
     stage: str = field(default_factory=lambda: defaults("input")["stage"])
     delimiter: str | None = None  # CSV: the field separator (None: the format's own, `,` or a tab for .tsv)
-    split: str | None = None  # a Hugging Face DatasetDict folder: the split to read (shardinfer.input.formats.hf_dataset)
+    # a Hugging Face DatasetDict folder: the split to read (shardinfer.input.formats.hf_dataset)
+    split: str | None = None
     # What the task reads (`Task.inputs`, filled by `configure.settings_from_config`): its columns in
     # the order it gets them, the config key naming each (for errors), and those that hold text (the
     # plan measures them for its cost; a null is allowed only as `null_text` says). Default: the text column.

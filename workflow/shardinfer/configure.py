@@ -45,12 +45,15 @@ def settings_from_config(config: dict, name: str | None = None, auto_shards: int
     shards = inp.get("shards", config["shards"])
     if shards == AUTO:
         if auto_shards is None:
-            raise UserError("config `shards: auto` needs this machine's count: resolve it first (shardinfer.auto_shards)")
+            raise UserError("config `shards: auto` needs this machine's count: resolve it first "
+                            "(shardinfer.auto_shards)")
         shards = auto_shards
     if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
         raise UserError(f"config `shards` must be an integer >= 1 or `auto`; got {shards!r}")
-    fmt, parts = resolve_input(inp["path"], inp["format"], inp["split"], None if listed is None else listed[inp["path"]])
-    reads = task_class(model["task"]).inputs(inp, dict(config.get(model["task"]) or {})) if model["task"] in TASKS else None
+    names = None if listed is None else listed[inp["path"]]
+    fmt, parts = resolve_input(inp["path"], inp["format"], inp["split"], names)
+    section = dict(config.get(model["task"]) or {})
+    reads = task_class(model["task"]).inputs(inp, section) if model["task"] in TASKS else None
     return Settings(
         input=InputSettings(
             path=inp["path"],

@@ -14,9 +14,10 @@ import re
 import socket
 import subprocess
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Mapping
+from typing import IO
 
 from shardinfer.errors import UserError
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence, TypeVar
+from typing import TypeVar
 
 from shardinfer.errors import UserError
 

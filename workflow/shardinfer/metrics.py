@@ -15,15 +15,15 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardinfer.errors import UserError
-from shardinfer.tasks import task_class
 from shardinfer.hf.labels import label_names
+from shardinfer.tasks import task_class
 
 UNKNOWN_SHOWN = 10  # the most frequent unknown gold labels named in the summary
 PUNCTUATION = str.maketrans("", "", string.punctuation)

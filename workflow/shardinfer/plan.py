@@ -21,9 +21,9 @@ import json
 import logging
 import re
 import shutil
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -32,8 +32,8 @@ from shardinfer.atomic import write_json_atomic
 from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
 from shardinfer.input.formats import format_named
-from shardinfer.input.parts import Part, PartsScan, Piece, check_same_parts, iter_pieces, one_file, scan_parts
 from shardinfer.input.formats.base import Span
+from shardinfer.input.parts import Part, PartsScan, Piece, check_same_parts, iter_pieces, one_file, scan_parts
 from shardinfer.input.shard_cuts import Cut, cut_part, cut_pieces, read_as_cut, whole_parts, write_cuts
 from shardinfer.input.staging import stage_part, staged_name, wants_staging
 

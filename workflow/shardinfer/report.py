@@ -17,8 +17,8 @@ from datetime import datetime
 from html import escape
 from pathlib import Path
 
-from shardinfer.errors import UserError
 from shardinfer.contract.shard_file import computed
+from shardinfer.errors import UserError
 from shardinfer.tasks import counts_tokens
 from shardinfer.terminal import failed_rows
 

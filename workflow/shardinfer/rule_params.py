@@ -19,7 +19,6 @@ from shardinfer.input.identity import gather_trigger, plan_trigger, storage_trig
 from shardinfer.settings_digest import output_digest, tokenizer_digest
 from shardinfer.stored_model import ModelFiles, hand_on, handed, with_handed_paths
 
-
 # Sections of the settings that decide how fast rows are computed, never what comes out: not in
 # the rules' params (a change would rerun every finished shard), the jobs read them from the config.
 OUTPUT_NEUTRAL = ("batch",)
@@ -93,7 +92,8 @@ def tokenizer_key(inputs: dict[str | None, InputJobs], model: ModelFiles | None 
     (`model`, no shared filesystem)."""
     if not next(iter(inputs.values())).settings.tokenize_ahead:
         return None
-    return shared_tokenizer_key([tokenizer_digest(jobs.settings, model and model.tokenizer) for jobs in inputs.values()])
+    facts = model and model.tokenizer
+    return shared_tokenizer_key([tokenizer_digest(jobs.settings, facts) for jobs in inputs.values()])
 
 
 def shared_tokenizer_key(keys: list[str]) -> str:

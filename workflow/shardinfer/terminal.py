@@ -8,7 +8,7 @@ values left unscored. Free of torch: the Snakefile's `onsuccess` handler calls i
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from shardinfer.contract.shard_file import computed
 from shardinfer.metrics import headline

@@ -15,9 +15,9 @@ import torch
 from safetensors import safe_open
 
 from shardinfer.config import ModelSettings
-from shardinfer.hf.tokenizer_files import VOCABULARY_FILES, is_vocabulary_file
 from shardinfer.errors import UserError, first_line
 from shardinfer.hf.labels import HEAD_MODULES, base_label_names, label_names
+from shardinfer.hf.tokenizer_files import VOCABULARY_FILES, is_vocabulary_file
 
 log = logging.getLogger(__name__)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -122,7 +122,8 @@ def load_model(settings: ModelSettings, auto_class, dtype: torch.dtype, device: 
             **label_overrides(settings, names),
         )
     except (OSError, ValueError, KeyError) as error:
-        raise UserError(f"model.path `{settings.path}`: cannot load it as {auto_class.__name__} ({first_line(error)})") from error
+        raise UserError(f"model.path `{settings.path}`: cannot load it as {auto_class.__name__} "
+                        f"({first_line(error)})") from error
     # A head resized to the adapter's labels is new, like a missing one: the adapter must supply it.
     missing = set(info.get("missing_keys", ())) | {key for key, *_ in info.get("mismatched_keys", ())}
     keys: set[str] = set()
@@ -143,7 +144,8 @@ def label_overrides(settings: ModelSettings, names: list[str]) -> dict:
     base = base_label_names(settings.path)
     if names == base:
         return {}
-    config = AutoConfig.from_pretrained(settings.path, local_files_only=True, trust_remote_code=settings.trust_remote_code)
+    config = AutoConfig.from_pretrained(settings.path, local_files_only=True,
+                                        trust_remote_code=settings.trust_remote_code)
     config.id2label = dict(enumerate(names))
     config.label2id = {name: i for i, name in enumerate(names)}
     return {"config": config, "ignore_mismatched_sizes": len(names) != len(base)}
@@ -178,7 +180,8 @@ def adapter_shape_fault(model, adapter: str, head_keys: set[str]) -> str | None:
                 if name in head_keys or name.split(".")[0] in HEAD_MODULES:  # its label count is already the adapter's
                     return (f"its classifier `{name}` has shape {shape}, the model's {tuple(params[name].shape)} "
                             "(a head for another base model?)")
-                return f"`{name}` has shape {tuple(params[name].shape)} in the model but {shape} in the adapter (another base model?)"
+                return (f"`{name}` has shape {tuple(params[name].shape)} in the model but {shape} in the adapter "
+                        "(another base model?)")
     return None
 
 
@@ -210,7 +213,8 @@ def apply_adapter(model, settings: ModelSettings, head_keys: set[str]):
     try:
         peft_model = PeftModel.from_pretrained(model, settings.adapter, is_trainable=False)
     except (OSError, ValueError, RuntimeError, KeyError) as error:
-        raise UserError(f"model.adapter `{settings.adapter}`: cannot apply it to `{settings.path}` ({first_line(error)})") from error
+        raise UserError(f"model.adapter `{settings.adapter}`: cannot apply it to `{settings.path}` "
+                        f"({first_line(error)})") from error
     keys = adapter_weight_keys(settings.adapter)
     if hasattr(peft_model, "merge_and_unload"):
         return peft_model.merge_and_unload(), keys

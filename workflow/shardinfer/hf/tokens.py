@@ -19,10 +19,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shardinfer.errors import UserError
-from shardinfer.plan import Plan
 from shardinfer.contract.shard_file import INDEX_COLUMN
+from shardinfer.errors import UserError
 from shardinfer.input.scan import text_values
+from shardinfer.plan import Plan
 
 TOKENS_KEY = b"shardinfer.tokens"  # token file metadata: plan, range and tokenizer
 
@@ -109,7 +109,8 @@ def check_token_file(path: str, expected: dict) -> None:
     if found != expected:
         raise UserError(f"token file `{path}` was made for {found}, not {expected}; delete it and rerun")
     if rows != expected["end"] - expected["start"]:
-        raise UserError(f"token file `{path}` holds {rows} rows, not the shard's {expected['end'] - expected['start']}; "
+        raise UserError(f"token file `{path}` holds {rows} rows, not the shard's "
+                        f"{expected['end'] - expected['start']}; "
                         "delete it and rerun")
 
 

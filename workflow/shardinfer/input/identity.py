@@ -27,8 +27,8 @@ import hashlib
 import json
 import os
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from shardinfer.contract.file_digest import file_digest
 

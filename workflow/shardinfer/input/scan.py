@@ -16,10 +16,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from shardinfer.config import InputSettings
+from shardinfer.contract.content_digest import table_digest
 from shardinfer.errors import UserError
 from shardinfer.input.formats import format_named
 from shardinfer.input.formats.base import Mark, Span
-from shardinfer.contract.content_digest import table_digest
 
 NULLS_LISTED = 5
 

@@ -16,16 +16,16 @@ before it reads a row, and gather proves the input itself by its content digest 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import pyarrow as pa
 
 from shardinfer.atomic import atomic_parquet_writer
 from shardinfer.config import InputSettings
-from shardinfer.errors import UserError
 from shardinfer.contract.file_digest import file_digest
+from shardinfer.errors import UserError
 from shardinfer.input.parts import Part, Piece, windows
 
 # The format cuts are written in, and read in by the shard and tokenize jobs.

@@ -29,18 +29,18 @@ are not those recorded.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import pyarrow as pa
 
 from shardinfer.config import InputSettings
+from shardinfer.contract.file_digest import file_digest
 from shardinfer.errors import ProofError, UserError
 from shardinfer.input.formats import format_named
 from shardinfer.input.formats.base import Held
-from shardinfer.contract.file_digest import file_digest
 from shardinfer.input.identity import digest_alongside, fingerprint
 
 STAGE_RATIO = 1.2  # auto: stage when the shards would read more than this many times the part's rows

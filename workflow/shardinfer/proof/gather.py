@@ -57,7 +57,8 @@ def run_gather(plan_path: str, shard_paths: list[str], inp: InputSettings, model
     shards = prove(plan, shard_paths, inp, digest, files_folders, local_parts, part_names)
     if not plan.rows:
         log.warning("WARNING input `%s` has no rows: the table has its columns and no row", plan.input_path)
-    log.info("proof holds: %d shards, %d rows, index 0..%d in order, input unchanged", plan.shards, plan.rows, plan.rows - 1)
+    log.info("proof holds: %d shards, %d rows, index 0..%d in order, input unchanged", plan.shards, plan.rows,
+             plan.rows - 1)
     gold = evaluate.label_column if evaluate else None
     if gold:  # a gold column it cannot score is refused before anything is written
         check_gold(next((s.schema for s in shards if s.rows), None), model["task"], gold)

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -99,11 +99,14 @@ def prove_shard(plan: Plan, shard: int, path: str, digest: str, folder: str | No
     if identity is None or index is None:
         raise ProofError(f"{where}: not a shard file of this workflow (no shard identity or `{INDEX_COLUMN}` column)")
     if identity.get("plan_id") != plan.plan_id:
-        raise ProofError(f"{where}: made under another plan ({identity.get('plan_id')}, current {plan.plan_id}); rerun it")
+        raise ProofError(f"{where}: made under another plan ({identity.get('plan_id')}, current {plan.plan_id}); "
+                         "rerun it")
     if (identity.get("shard"), identity.get("start"), identity.get("end")) != (shard, start, end):
-        raise ProofError(f"{where}: holds shard {identity.get('shard')} [{identity.get('start')}, {identity.get('end')}), planned [{start}, {end})")
+        raise ProofError(f"{where}: holds shard {identity.get('shard')} [{identity.get('start')}, "
+                         f"{identity.get('end')}), planned [{start}, {end})")
     if identity.get("digest") != digest:
-        raise ProofError(f"{where}: made with other model or output settings ({identity.get('digest')}, current {digest}); rerun it")
+        raise ProofError(f"{where}: made with other model or output settings ({identity.get('digest')}, current "
+                         f"{digest}); rerun it")
     if index.null_count:
         raise ProofError(f"{where}: {index.null_count} null value(s) in `{INDEX_COLUMN}`")
     values = index.to_numpy()

@@ -182,7 +182,8 @@ class Collected:
         self.positions.append(np.asarray(positions))
         for name, values in outputs.items():
             if len(values) != len(positions):
-                raise UserError(f"the task returned {len(values)} value(s) of `{name}` for a batch of {len(positions)} rows")
+                raise UserError(f"the task returned {len(values)} value(s) of `{name}` for a batch of "
+                                f"{len(positions)} rows")
             self.values.setdefault(name, []).append(values)
 
     def in_row_order(self) -> dict[str, np.ndarray | list]:

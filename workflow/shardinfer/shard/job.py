@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import pyarrow as pa
 import torch
@@ -139,7 +139,8 @@ def write_empty_shard(job: ShardJob, plan: Plan, began: float) -> dict:
     which gather allows for an empty shard)."""
     schema, _ = shard_layout(job, plan, dict(task_class(job.settings.model.task).outputs))
     stats = Tally().stats(0.0, "none (empty shard)", None, started=round(began, 3), ended=round(time.time(), 3))
-    with staged_files(job.files, {}) as files, atomic_parquet_writer(job.output, schema, files and files.commit) as writer:
+    with (staged_files(job.files, {}) as files,
+          atomic_parquet_writer(job.output, schema, files and files.commit) as writer):
         writer.add_key_value_metadata({STATS_KEY: json.dumps(stats), **ContentHasher().metadata()})
     log.info("shard %d has no rows (more shards than rows): wrote an empty shard without loading the model", job.shard)
     return stats

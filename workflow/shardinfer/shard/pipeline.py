@@ -12,8 +12,8 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
 
 _DONE = object()
 _POLL_S = 0.1

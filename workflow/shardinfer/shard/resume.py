@@ -29,10 +29,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardinfer.atomic import atomic_path
-from shardinfer.errors import ProofError
 from shardinfer.contract.content_digest import ContentHasher, table_digest
-from shardinfer.contract.shard_file import IDENTITY_KEY, INDEX_COLUMN
 from shardinfer.contract.row_files import prove_files
+from shardinfer.contract.shard_file import IDENTITY_KEY, INDEX_COLUMN
+from shardinfer.errors import ProofError
 from shardinfer.shard.row_files import ShardFiles
 
 log = logging.getLogger(__name__)

@@ -11,8 +11,8 @@ stops is ignored, so the commits finish.
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 
 class Terminated(BaseException):

@@ -41,7 +41,8 @@ def run_tokenize(job: TokenizeJob) -> int:
     plan = read_plan(job.plan_path).for_shard(job.shard, job.cut)
     settings = job.settings
     os.environ.setdefault("RAYON_NUM_THREADS", str(job.threads))  # the fast tokenizer's thread pool
-    encoder = task_class(settings.model.task).encoder_for(load_tokenizer(settings.model), settings)  # as the shard job's
+    # as the shard job's
+    encoder = task_class(settings.model.task).encoder_for(load_tokenizer(settings.model), settings)
     schema = tokens_schema(token_identity(plan, job.shard, job.tokenizer_key), encoder.data)
     rows, tokens, truncated, started = 0, 0, 0, time.perf_counter()
     with atomic_parquet_writer(job.output, schema) as writer:

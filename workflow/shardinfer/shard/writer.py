@@ -38,7 +38,8 @@ class Writer:
 
     def __call__(self, item: Written) -> None:
         table = self.table(item)
-        self.tally.add(table.num_rows, item.cost, item.row_errors, running_totals(self.kept.task, item.task, self.task.totals))
+        totals = running_totals(self.kept.task, item.task, self.task.totals)
+        self.tally.add(table.num_rows, item.cost, item.row_errors, totals)
         if self.files is not None:
             self.files.sync()
         commit_window(self.windows, table, self.tally.to_json())

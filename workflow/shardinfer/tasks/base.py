@@ -73,7 +73,8 @@ class Window:
     data: Any  # the task's own: token ids, a pyarrow table, ...
     lengths: np.ndarray | None = None  # per row, what the stats count as real tokens (default: costs)
     truncated: list[int] = field(default_factory=list)  # window positions the task had to cut
-    token_data: dict = field(default_factory=dict)  # text tasks: per row, what the tokenizer gave beside the ids (token types)
+    # text tasks: per row, what the tokenizer gave beside the ids (token types)
+    token_data: dict = field(default_factory=dict)
 
     @property
     def rows(self) -> int:

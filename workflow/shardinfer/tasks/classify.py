@@ -7,8 +7,8 @@ import pyarrow as pa
 
 from shardinfer.config import ModelSettings
 from shardinfer.errors import UserError
-from shardinfer.tasks.base import matrix_to_list_array
 from shardinfer.hf.labels import label_names
+from shardinfer.tasks.base import matrix_to_list_array
 from shardinfer.tasks.text import TextTask
 
 

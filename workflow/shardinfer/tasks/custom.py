@@ -23,16 +23,17 @@ import logging
 import re
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shardinfer.errors import RowError, UserError
-from shardinfer.contract.shard_file import INDEX_COLUMN, arrow_type, file_suffix
 from shardinfer.config import Settings
+from shardinfer.contract.shard_file import INDEX_COLUMN, arrow_type, file_suffix
+from shardinfer.errors import RowError, UserError
 from shardinfer.tasks.base import LoadContext, Task, TaskInputs, Window, matrix_to_list_array, tokenize_ahead_refused
 
 log = logging.getLogger(__name__)
@@ -208,8 +209,9 @@ class Custom(Task):
         undeclared = sorted(set(results) - set(self.outputs))
         missing = [name for name in self.outputs if name not in results]
         if undeclared or missing:
-            raise UserError(f"{where}: columns {undeclared or missing} are {'not declared in outputs' if undeclared else 'missing'}"
-                            f" (outputs: {', '.join(self.outputs)})")
+            fault = "not declared in outputs" if undeclared else "missing"
+            raise UserError(f"{where}: columns {undeclared or missing} are {fault} "
+                            f"(outputs: {', '.join(self.outputs)})")
         for name, values in results.items():
             size = _value_count(values)
             if size is None:

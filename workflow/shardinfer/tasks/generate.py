@@ -28,20 +28,21 @@ the same task on vLLM's engine (`shardinfer.tasks.vllm`).
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from pathlib import Path
-from typing import Any, Collection
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from shardinfer.config import ModelSettings, Settings
 from shardinfer.errors import UserError
-from shardinfer.schema import defaults
+from shardinfer.hf.tokens import TokenWindow
 from shardinfer.input.scan import text_values
+from shardinfer.schema import defaults
 from shardinfer.tasks.base import Window, tokenize_ahead_refused
 from shardinfer.tasks.classify import untrained_head
 from shardinfer.tasks.text import TextTask, model_length_limit
-from shardinfer.hf.tokens import TokenWindow
 
 FINISH = ("length", "eos", "stop")  # finish codes 0, 1, 2
 CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel", "WithLMHead", "ForConditionalGeneration",
@@ -59,7 +60,9 @@ def check_positions(model: ModelSettings) -> None:
     """A prompt of max_length and max_new_tokens generated after it fit the model's positions."""
     limit = model_length_limit(model.path)
     if limit is not None and model.max_new_tokens >= limit:  # no max_length would help: say what would
-        room = f"; use at most {limit - model.max_length} with max_length {model.max_length}" if model.max_length < limit else ""
+        room = ""
+        if model.max_length < limit:
+            room = f"; use at most {limit - model.max_length} with max_length {model.max_length}"
         raise UserError(f"model.max_new_tokens {model.max_new_tokens} leaves no room for a prompt within the model's "
                         f"limit of {limit} positions{room}")
     if limit is not None and model.max_length + model.max_new_tokens > limit:

@@ -16,9 +16,9 @@ import pyarrow as pa
 
 from shardinfer.config import ModelSettings, Settings
 from shardinfer.errors import UserError
+from shardinfer.hf.labels import adapter_head, label_names
 from shardinfer.tasks.base import TaskInputs
 from shardinfer.tasks.classify import refuse_untrained_head
-from shardinfer.hf.labels import adapter_head, label_names
 from shardinfer.tasks.text import TextTask
 
 

@@ -12,11 +12,11 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
+from shardinfer.batching import pad_batch
 from shardinfer.config import ModelSettings, Settings
 from shardinfer.errors import UserError
-from shardinfer.batching import pad_batch
-from shardinfer.tasks.base import LoadContext, Task, Window
 from shardinfer.hf.tokens import Encoder, TokenReader, TokenWindow, tokenize_window
+from shardinfer.tasks.base import LoadContext, Task, Window
 
 
 class TextTask(Task):
@@ -48,7 +48,8 @@ class TextTask(Task):
     def load(cls, context: LoadContext) -> TextTask:
         from shardinfer.hf.models import load_text_model
 
-        tokenizer, loaded, pad_id = load_text_model(context.settings.model, cls.auto_class, context.dtype, context.device)
+        tokenizer, loaded, pad_id = load_text_model(context.settings.model, cls.auto_class, context.dtype,
+                                                    context.device)
         return cls(loaded, tokenizer, pad_id, context)
 
     @classmethod
@@ -69,14 +70,16 @@ class TextTask(Task):
             raise UserError(f"model.path `{model.path}` is not a Hugging Face model directory (no config.json there)")
         check_max_length(model, reads_pairs(settings))
         if model.adapter is not None and not (Path(model.adapter) / "adapter_config.json").is_file():
-            raise UserError(f"model.adapter `{model.adapter}` is not a PEFT adapter directory (no adapter_config.json there)")
+            raise UserError(f"model.adapter `{model.adapter}` is not a PEFT adapter directory (no adapter_config.json "
+                            "there)")
         cls.check_labels(model)
 
     @classmethod
     def check_labels(cls, model: ModelSettings) -> None:
         """`model.labels` names a classifier's labels: only classify has them (it checks their count)."""
         if model.labels is not None:
-            raise UserError(f"model.labels names the labels of task classify; task {model.task} has none, so leave it out")
+            raise UserError(f"model.labels names the labels of task classify; task {model.task} has none, so leave it "
+                            "out")
 
     def check(self) -> None:
         """Refuse a model that would give meaningless outputs for this task."""

@@ -10,15 +10,13 @@ are typed together from their schemas before anything is read, by exact widening
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
 
 import pyarrow as pa
 
+from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
 from shardinfer.input.formats.base import Format, Mark, Span, conform, empty_batch, schema_types, select, widened_fields
-
-if TYPE_CHECKING:  # the settings are read, never built here: config builds them through discovery
-    from shardinfer.config import InputSettings
 
 FILE_MAGIC = b"ARROW1"
 FEATHER_V1_MAGIC = b"FEA1"

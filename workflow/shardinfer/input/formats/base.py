@@ -10,17 +10,16 @@ A format is one module in this package defining `FORMATS` (see `shardinfer.input
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Iterator
+from typing import ClassVar
 
 import pyarrow as pa
 
+from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
-
-if TYPE_CHECKING:  # the settings are read, never built here: config builds them through discovery
-    from shardinfer.config import InputSettings
 
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".lz4", ".zst")  # what Arrow decompresses by the name (pa.input_stream)
 Held = list[tuple[int, int]]  # the shards' row ranges in one part, in the part's own numbering
@@ -190,7 +189,8 @@ def empty_batch(schema: pa.Schema, columns: list[str]) -> pa.RecordBatch:
 def select(batch: pa.RecordBatch | pa.Table, columns: list[str]) -> pa.RecordBatch:
     """The columns in order, a name twice where it is asked for twice."""
     if isinstance(batch, pa.Table):
-        batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else pa.RecordBatch.from_pylist([], batch.schema)
+        combined = batch.combine_chunks().to_batches()
+        batch = combined[0] if batch.num_rows else pa.RecordBatch.from_pylist([], batch.schema)
     return pa.RecordBatch.from_arrays([batch.column(c) for c in columns], names=columns)
 
 

@@ -8,18 +8,16 @@ a line break inside a quoted value is part of the value, so a shard may start at
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
 from shardinfer.input.formats.base import Mark, empty_batch
 from shardinfer.input.formats.text_blocks import BlockParser, TextFormat, opened_at
-
-if TYPE_CHECKING:  # the settings are read, never built here: config builds them through discovery
-    from shardinfer.config import InputSettings
 
 QUOTE, LF, CR = (ord(c) for c in '"\n\r')
 

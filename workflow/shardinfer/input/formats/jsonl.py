@@ -11,17 +11,15 @@ from __future__ import annotations
 import functools
 import os
 import re
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
 
 import pyarrow as pa
 import pyarrow.json as pajson
 
+from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
 from shardinfer.input.formats.base import Mark
 from shardinfer.input.formats.text_blocks import BlockParser, TextFormat, blocks, line_cut
-
-if TYPE_CHECKING:  # the settings are read, never built here: config builds them through discovery
-    from shardinfer.config import InputSettings
 
 START = Mark(0, 1, 0)
 

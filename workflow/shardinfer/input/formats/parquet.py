@@ -10,19 +10,27 @@ their footers before anything is read, by exact widening only (`base.widened_fie
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardinfer.atomic import atomic_parquet_writer
-from shardinfer.input.formats.base import (Format, Held, Mark, Span, conform, empty_batch, rows_between,
-                                           schema_types, select, widened_fields)
+from shardinfer.config import InputSettings
 from shardinfer.contract.file_digest import file_digest
-
-if TYPE_CHECKING:  # the settings are read, never built here: config builds them through discovery
-    from shardinfer.config import InputSettings
+from shardinfer.input.formats.base import (
+    Format,
+    Held,
+    Mark,
+    Span,
+    conform,
+    empty_batch,
+    rows_between,
+    schema_types,
+    select,
+    widened_fields,
+)
 
 BUFFER_BYTES = 1 << 20
 BATCH_ROWS = 8192

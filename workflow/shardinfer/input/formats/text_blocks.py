@@ -13,18 +13,17 @@ read it many times over, the plan stages a decompressed copy (`shardinfer.input.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, ClassVar, Iterator
+from typing import ClassVar
 
 import pyarrow as pa
 
 from shardinfer.atomic import atomic_path
-from shardinfer.input.formats.base import Format, Held, Mark, Span, compressed, select
+from shardinfer.config import InputSettings
 from shardinfer.contract.file_digest import CHUNK_BYTES, DIGEST_ALGORITHM
-
-if TYPE_CHECKING:  # the settings are read, never built here: config builds them through discovery
-    from shardinfer.config import InputSettings
+from shardinfer.input.formats.base import Format, Held, Mark, Span, compressed, select
 
 BLOCK_BYTES = 1 << 20  # the parsing unit, and so how far before its rows a shard may start reading
 LINE_CHUNK_BYTES = 1 << 22

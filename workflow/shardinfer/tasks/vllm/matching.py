@@ -21,7 +21,8 @@ def matched_results(request_ids: list[str], outputs: list, ids: list, index: lis
         raise UserError(f"vLLM accepted {len(request_ids)} of {len(ids)} prompts (rows {index[0]}..{index[-1]})")
     position = {external_id(rid): p for p, rid in enumerate(request_ids)}
     if len(position) != len(ids):
-        raise UserError(f"vLLM gave {len(ids)} prompts {len(position)} distinct request ids (rows {index[0]}..{index[-1]})")
+        raise UserError(f"vLLM gave {len(ids)} prompts {len(position)} distinct request ids "
+                        f"(rows {index[0]}..{index[-1]})")
     found: list[Any] = [None] * len(ids)
     for output in outputs:
         p = position.get(output.request_id)

@@ -13,8 +13,13 @@ import numpy as np
 from shardinfer.errors import UserError, first_line
 from shardinfer.tasks.base import LoadContext, Window
 from shardinfer.tasks.generate import Generate
-from shardinfer.tasks.vllm.checks import (check_vllm_settings, engine_identity, generation_config_of,
-                                          generation_to_vllm, vllm_version)
+from shardinfer.tasks.vllm.checks import (
+    check_vllm_settings,
+    engine_identity,
+    generation_config_of,
+    generation_to_vllm,
+    vllm_version,
+)
 from shardinfer.tasks.vllm.engine import EngineProgress, start_engine
 from shardinfer.tasks.vllm.matching import matched_results
 
