@@ -4,8 +4,9 @@ only needs reading is made once per test run, whichever pytest-xdist worker asks
 
 The suite runs on pytest-xdist's workers (the README's test command: `-n auto`):
 one core is idle for much of any single end-to-end run, and the other worker's tests fill it. Each
-module stays on one worker (its module fixtures are made once), and the modules that share a
-server or a folder share a worker (`WORKER_GROUPS`)."""
+module stays on one worker (its module fixtures are made once), the modules whose marks name the
+same server or folder share a worker, and the groups with the most end-to-end tests start first
+(tests/scheduling.py derives both from the marks)."""
 
 import fcntl
 import os
@@ -20,6 +21,7 @@ import pytest
 
 import factory
 import s3_server
+import scheduling
 
 # Bytecode cached where PYTHONDONTWRITEBYTECODE is set too (as on CI's machine), in this process and
 # every one it starts: the venv is installed without it (tests/install), and otherwise each of the
@@ -28,24 +30,16 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 
 
-# Modules that must share a worker; every other module is a group of its own. test_storage and
-# test_slurm share the S3 server (one fixed port) and the bucket's runs; test_module and test_style
-# run Snakemake in the repository itself.
-WORKER_GROUPS = {"test_storage": "bucket", "test_slurm": "bucket", "test_module": "repo", "test_style": "repo"}
-# The longest groups first (measured), so that no worker is left alone with one at the end; the
-# others follow in collection order.
-LONGEST_FIRST = ("test_faults", "bucket", "test_workflow", "test_vllm", "test_inputs", "test_parts", "test_score",
-                 "test_generate", "test_custom", "repo", "test_row_errors", "test_metrics", "test_resume")
+def worker_group(config: pytest.Config, nodeid: str) -> str:
+    """The test's worker group (tests/scheduling.py), from the marks pyproject.toml registers."""
+    return scheduling.group_of(nodeid, config.rootpath, scheduling.shared_marks(config.getini("markers")))
 
 
-def worker_group(nodeid: str) -> str:
-    module = Path(nodeid.split("::")[0]).stem
-    return WORKER_GROUPS.get(module, module)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {group: i for i, group in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(worker_group(item.nodeid), len(rank)))  # stable: collection order within
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The groups with the most `e2e` tests first; the rest as collected."""
+    groups = [worker_group(config, item.nodeid) for item in items]
+    order = scheduling.e2e_first(groups, [item.get_closest_marker("e2e") is not None for item in items])
+    items[:] = [items[k] for k in order]
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: unknown without it (`-p no:xdist`)
@@ -59,7 +53,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
     class ByWorkerGroup(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return worker_group(nodeid)
+            return worker_group(config, nodeid)
 
     config.option.loadscopereorder = False
     return ByWorkerGroup(config, log)

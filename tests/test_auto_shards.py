@@ -71,6 +71,7 @@ def test_which_configs_use_auto():
     assert not uses_auto({"shards": "auto", "inputs": {"a": {"shards": 2}}})
 
 
+@pytest.mark.e2e
 def test_the_default_config_resolves_auto_and_says_so(models, tmp_path):
     """Dry runs of the default `shards` (auto), as a user types them: the terminal line and the DAG."""
     write_input(input_frame(20), tmp_path / "data" / "input.parquet")

@@ -326,6 +326,7 @@ use rule * from shardinfer as shardinfer_*
     ({"shards": 0}, r"ERROR: config `shards`: 0 is not allowed; give an integer >= 1 or `auto`"),
     ({"model": {"path": "no-model"}}, r"ERROR: model.path `no-model` is not a Hugging Face model directory .*"),
 ])
+@pytest.mark.e2e
 def test_a_config_error_is_its_error_line_alone_on_the_terminal(tmp_path, as_module, change, message):
     """Found while the Snakefile loads (a schema error, a load-time check): the one ERROR line, no
     `File ".../common.smk", line ...` traceback lines under it, and a failed exit status."""

@@ -77,6 +77,7 @@ def file_bytes(workdir: Path, described: dict) -> bytes:
     return (workdir / described["path"]).read_bytes()
 
 
+@pytest.mark.e2e
 def test_every_row_has_its_file_equal_to_the_hook_run_directly(runs):
     workdir = runs[3]
     got = read_predictions(workdir)
@@ -105,6 +106,7 @@ def test_every_row_has_its_file_equal_to_the_hook_run_directly(runs):
     assert "padding ratio" not in (workdir / "results" / "report" / "shards.html").read_text()
 
 
+@pytest.mark.e2e
 def test_one_and_three_shards_give_byte_identical_files(runs):
     one, three = read_predictions(runs[1]), read_predictions(runs[3])
     assert one["index"].tolist() == three["index"].tolist()
@@ -169,6 +171,7 @@ def flip_a_byte(folder: Path) -> None:
     (lambda f: set_files_identity(f.parent / "shards" / "1.parquet", columns={}),
      r"shard 1 .*: its metadata names file columns \[\], its schema has \['image'\]"),
 ])
+@pytest.mark.e2e
 def test_a_missing_truncated_swapped_or_extra_file_is_refused(runs, tmp_path, tamper, message, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ProofError, match=message) as caught:
@@ -190,6 +193,7 @@ def set_files_identity(path: Path, **change) -> None:
     pq.write_table(table.replace_schema_metadata(metadata), path)
 
 
+@pytest.mark.e2e
 def test_the_untouched_copy_gathers(runs, tmp_path, monkeypatch):
     """A killed job's staging leftover of a planned shard (`.1.partial`) is allowed beside the folders."""
     monkeypatch.chdir(tmp_path)

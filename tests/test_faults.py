@@ -27,6 +27,8 @@ from factory import (
 )
 from test_workflow import assert_refused, assert_same_rows, run_ok
 
+pytestmark = pytest.mark.e2e  # every test here reads or remakes finished runs of the workflow
+
 BIG = {"batch": {"max_tokens": 512, "max_rows": 32, "sort_window": 256}}
 
 

@@ -223,6 +223,7 @@ def workflow_runs(lm, tmp_path_factory):
     return texts, {key: read_predictions(workdir) for key, (workdir, _) in planned.items()}
 
 
+@pytest.mark.e2e
 def test_generate_through_the_workflow_equals_one_shard_and_the_model_alone(workflow_runs, reference):
     texts, frames = workflow_runs
     one, two = frames["greedy", 1], frames["greedy", 2]
@@ -232,6 +233,7 @@ def test_generate_through_the_workflow_equals_one_shard_and_the_model_alone(work
     assert [tuple(row) for row in got] == [reference(text) for text in texts]
 
 
+@pytest.mark.e2e
 def test_sampling_through_the_workflow_is_the_same_for_any_shards_and_batches(workflow_runs, task):
     """2 shards with batches of 3 through `snakemake` against all rows as one window in batches of 16."""
     texts, frames = workflow_runs

@@ -93,6 +93,7 @@ def named_run(models, tmp_path_factory) -> NamedRun:
     return NamedRun(workdir, config, frames, edited, terminals, mtimes)
 
 
+@pytest.mark.e2e
 def test_each_input_is_the_models_own_output_proven_in_its_own_folder(named_run):
     """The tables themselves are checked in the fixture (assert_is_the_models_output), before the second run."""
     workdir, terminal = named_run.workdir, named_run.terminals[0]
@@ -107,6 +108,7 @@ def test_each_input_is_the_models_own_output_proven_in_its_own_folder(named_run)
     assert terminal.count("shardinfer: shards: auto -> 2 (--resources gpu=2)") == 1
 
 
+@pytest.mark.e2e
 def test_editing_one_input_replans_only_that_input(named_run, models):
     workdir, terminal = named_run.workdir, named_run.terminals[1]
     for name, frame in named_run.edited.items():
@@ -123,6 +125,7 @@ def test_editing_one_input_replans_only_that_input(named_run, models):
     assert (workdir / staged).read_bytes() == gzip.decompress((workdir / "data" / "val.csv.gz").read_bytes())
 
 
+@pytest.mark.e2e
 def test_the_report_has_each_inputs_items(named_run):
     command, env = prepare_workdir(named_run.workdir, named_run.config, "--report", "report.zip", report=True)
     result = subprocess.run(command, cwd=named_run.workdir, env=env, capture_output=True, text=True, timeout=600)

@@ -225,6 +225,7 @@ def evaluated(classify_runs, tmp_path_factory):
     return workdir, result.stdout + result.stderr, kept
 
 
+@pytest.mark.e2e
 def test_setting_evaluate_reruns_gather_and_the_report_only(evaluated):
     workdir, terminal, kept = evaluated
     stats = terminal.split("Job stats:")[1].split("\n\n")[0]
@@ -234,6 +235,7 @@ def test_setting_evaluate_reruns_gather_and_the_report_only(evaluated):
         assert next((workdir / "results").glob(f"**/{name}")).stat().st_mtime_ns == kept[name], name
 
 
+@pytest.mark.e2e
 def test_summary_holds_scikit_learns_scores_and_the_terminal_its_headline(evaluated):
     workdir, terminal, _ = evaluated
     metrics = json.loads((workdir / "results" / "summary.json").read_text())["metrics"]
@@ -246,6 +248,7 @@ def test_summary_holds_scikit_learns_scores_and_the_terminal_its_headline(evalua
     assert "not scored" not in terminal
 
 
+@pytest.mark.e2e
 def test_the_report_holds_the_scores_table_and_the_confusion_matrix(evaluated):
     workdir, _, _ = evaluated
     metrics = json.loads((workdir / "results" / "summary.json").read_text())["metrics"]

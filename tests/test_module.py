@@ -68,6 +68,7 @@ def user_run(tmp_path_factory):
     return user, frame, result, (edited, adapter)
 
 
+@pytest.mark.e2e
 def test_a_users_workflow_runs_it_as_a_module_and_reads_its_results(user_run):
     user, frame, result, (edited, adapter) = user_run
     assert result.returncode == 0, result.stderr[-3000:]
@@ -95,6 +96,8 @@ def test_catalog_file_names_the_flags_and_deployment_the_readme_gives():
     assert usage["report"] is True and (REPO / "config" / "README.md").is_file()
 
 
+@pytest.mark.e2e
+@pytest.mark.repo
 def test_the_catalogs_standard_layout_and_its_rulegraph_check_hold(tmp_path):
     """Standardized usage wants workflow/Snakefile, config/README.md and the catalog file; its
     workflow page draws the rule graph of `snakemake -s workflow/Snakefile -c 1 -d .test --forceall

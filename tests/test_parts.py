@@ -302,6 +302,7 @@ def test_the_triggers_follow_every_part(tmp_path):
     assert plan_trigger(resolve_input(str(tmp_path / "parts"))[1])["parts"] == 3
 
 
+@pytest.mark.e2e
 def test_a_directory_of_parts_runs_as_one_table_and_gather_proves_every_part(classify_runs, models,
                                                                                       tmp_path):
     """Three Parquet parts of a classify run's input in a directory (uneven; a shard spans a part

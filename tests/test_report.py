@@ -180,6 +180,7 @@ def reported(classify_runs, tmp_path_factory) -> Path:
     return workdir
 
 
+@pytest.mark.e2e
 def test_summary_times_the_run(reported):
     summary = json.loads((reported / "results" / "summary.json").read_text())
     run, shards = summary["run"], summary["per_shard"]
@@ -194,6 +195,7 @@ def test_summary_times_the_run(reported):
     assert sum(n * rows for n, rows in lengths.items()) == run["real_tokens"]
 
 
+@pytest.mark.e2e
 def test_report_zip_holds_every_item(reported):
     """Snakemake's zip: report/report.html, and each item under report/data/raw/<id>/<file name>."""
     from matplotlib.image import imread

@@ -219,6 +219,7 @@ def test_a_whole_count_is_required_above_one(tmp_path, monkeypatch):
         validated(hook_config(12, 1, limit=2.5))
 
 
+@pytest.mark.e2e
 def test_end_to_end_a_stopped_shard_resumes_and_the_terminal_says_which_rows_failed(tmp_path, monkeypatch):
     """Under `snakemake`: SIGTERM to a shard job (as Slurm sends at a time limit) fails it in one
     line; the committed windows survive Snakemake's cleanup of the failed job; the same command

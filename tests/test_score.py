@@ -135,6 +135,7 @@ def test_bad_settings_are_refused_in_one_line(cross, pairs, tmp_path):
     assert refused(lambda: load(validated(score_config(path, two)))).startswith(wanted)  # and again at load
 
 
+@pytest.mark.e2e
 def test_two_shards_equal_one_shard_tokenized_ahead_row_for_row(cross, tmp_path):
     """Two runs at once: 1 shard whose token ids (and types) the tokenize rule made, 2 tokenizing in the job."""
     frame = pairs_frame(40)

@@ -68,6 +68,7 @@ def test_a_large_count_is_told_its_cost():
     assert "\n" not in note and "10,000 shards" in note and "per 1,000 shards" in note and "loads the model" in note
 
 
+@pytest.mark.e2e
 def test_snakemake_refuses_a_huge_shard_count_at_once(models, tmp_path):
     path = write_input(input_frame(13), tmp_path / "data" / "input.parquet")
     started = time.monotonic()

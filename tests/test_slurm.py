@@ -40,6 +40,9 @@ import plugins
 import reference
 from factory import WITHOUT_REPORT, input_frame, read_predictions, workflow_config, write_input
 
+# The real Slurm, and the S3 server's bucket for the run without a shared filesystem.
+pytestmark = [pytest.mark.e2e, pytest.mark.slurm, pytest.mark.s3]
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "tests" / "slurm"
 ATOL = 1e-5

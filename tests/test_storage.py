@@ -32,7 +32,10 @@ import plugins
 from bucket_runs import INPUT, MODEL, ROWS, SHARDS, VAL_PARTS
 from test_workflow import assert_same_rows
 
+pytestmark = pytest.mark.s3  # the S3 server and the runs in its bucket, which test_slurm reads too
 
+
+@pytest.mark.e2e
 def test_the_table_in_the_bucket_equals_a_shared_filesystem_run_row_for_row(bucket_runs, s3, classify_runs):
     first = bucket_runs.first()
     assert first.returncode == 0, first.terminal[-6000:]
@@ -53,6 +56,7 @@ def test_the_table_in_the_bucket_equals_a_shared_filesystem_run_row_for_row(buck
     assert f"shardinfer: {ROWS:,} rows written to {table}" in first.terminal, first.terminal[-3000:]
 
 
+@pytest.mark.e2e
 def test_every_job_ran_in_an_empty_folder_of_its_own_and_nothing_was_written_beside_the_clone(bucket_runs):
     folders = bucket_runs.first().job_folders
     assert len(folders) == 1 + 2 * SHARDS + 1, folders  # plan, a tokenize and an infer job per shard, gather
@@ -76,6 +80,7 @@ def job_inputs(terminal: str, rule: str = "infer") -> dict[int, list[str]]:
     return found
 
 
+@pytest.mark.e2e
 def test_each_shard_job_downloads_the_plan_its_own_cut_and_the_model_only(bucket_runs, s3):
     first, key = bucket_runs.first(), bucket_runs.bucket.key
     staged = re.search(r"results/model/([0-9a-f]{16})/", first.terminal).group(1)
@@ -109,6 +114,7 @@ def test_each_shard_job_downloads_the_plan_its_own_cut_and_the_model_only(bucket
     assert plan["input"]["parts"][0]["path"] == INPUT  # the object as configured, not a job's local copy
 
 
+@pytest.mark.e2e
 def test_a_part_changed_in_the_bucket_after_planning_is_refused_at_gather_and_no_old_table_is_left(bucket_runs, s3):
     """A forced replan first removes the table it outdates from the bucket (the jobs, which see no
     bucket, cannot); the input object is then changed while the shards run (after the plan read it),
@@ -124,6 +130,7 @@ def test_a_part_changed_in_the_bucket_after_planning_is_refused_at_gather_and_no
     assert refused.objects["results/summary.json"] is None
 
 
+@pytest.mark.e2e
 def test_a_folder_in_the_bucket_is_its_listed_parts_and_a_named_input_equals_a_shared_filesystem_run(
         bucket_runs, s3, classify_runs):
     """A named input whose parts the bucket's listing finds, as a filesystem's would: a folder of
@@ -146,6 +153,7 @@ def test_a_folder_in_the_bucket_is_its_listed_parts_and_a_named_input_equals_a_s
     assert [url for url in reads if "/results/val/cuts/" in url] and not [url for url in reads if "/data/" in url]
 
 
+@pytest.mark.e2e
 def test_a_glob_that_matches_no_object_is_refused_in_one_line_when_the_snakefile_loads(s3, models, tmp_path):
     clone = factory.workflow_clone(tmp_path / "clone")
     config = factory.workflow_config("data/part-*.parquet", models.classifier)
@@ -186,6 +194,7 @@ def kubernetes_pod(resources: dict) -> dict:
     return executor.batchapi.body.to_dict()
 
 
+@pytest.mark.e2e
 def test_the_kubernetes_profile_gives_each_shard_pod_a_gpu_limit(s3, models, tmp_path):
     """The resources Snakemake gives a shard job under profiles/kubernetes (its dry run prints them),
     through the plugin's pod spec: one nvidia.com/gpu requested and limited, the GPU toleration."""

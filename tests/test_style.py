@@ -5,9 +5,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from factory import REPO, local_env
 
 
+@pytest.mark.e2e
+@pytest.mark.repo
 def test_snakemake_lint_is_clean():
     result = subprocess.run([sys.executable, "-m", "snakemake", "--lint", "--cores", "1"], cwd=REPO,
                             capture_output=True, text=True, timeout=300, env=local_env(REPO))

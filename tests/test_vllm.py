@@ -33,6 +33,8 @@ from factory import (
 )
 from test_generate import generate_config, run, settings
 
+pytestmark = pytest.mark.e2e  # every test here reads the module's runs of the workflow on vLLM's engine
+
 COLUMNS = ["generated", "n_prompt_tokens", "n_generated_tokens", "finish_reason"]
 CHAT_STOP = {"chat_template": True, "system_prompt": "think fast", "stop": ["new", "fly"]}
 SAMPLING = {"do_sample": True, "temperature": 1.3, "top_p": 0.95, "seed": 7}

@@ -23,6 +23,8 @@ from factory import (
     write_input,
 )
 
+pytestmark = pytest.mark.e2e  # every test here runs the workflow or reads a run of it
+
 ATOL = 1e-5  # float32 on CPU: batched vs unbatched attention differs by ~1e-7
 
 
