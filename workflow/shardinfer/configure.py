@@ -42,7 +42,22 @@ def settings_from_config(config: dict, name: str | None = None, auto_shards: int
     `auto_shards`: the count `shards: auto` stands for (None: `auto` is refused). `listed`: without a
     shared filesystem, the object names in the bucket under each input path (`discovery.listing_root`)."""
     inp, model = config["input"] if name is None else config["inputs"][name], config["model"]
-    shards = inp.get("shards", config["shards"])
+    shards = shard_count(inp.get("shards", config["shards"]), auto_shards)
+    section = dict(config.get(model["task"]) or {})
+    return Settings(
+        input=input_settings(inp, model["task"], section, None if listed is None else listed[inp["path"]]),
+        model=model_settings(model),
+        batch=BatchSettings(**config["batch"]),
+        shards=shards,
+        tokenize_ahead=config["tokenize"]["ahead"],
+        task_settings=dict(section),
+        evaluate=EvaluateSettings(**(config.get("evaluate") or {})),
+        row_errors=row_error_settings(config.get("row_errors") or {}),
+    )
+
+
+def shard_count(shards, auto_shards: int | None) -> int:
+    """`shards` as configured: an integer >= 1, or `auto` for `auto_shards` (None: refused)."""
     if shards == AUTO:
         if auto_shards is None:
             raise UserError("config `shards: auto` needs this machine's count: resolve it first "
@@ -50,45 +65,45 @@ def settings_from_config(config: dict, name: str | None = None, auto_shards: int
         shards = auto_shards
     if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
         raise UserError(f"config `shards` must be an integer >= 1 or `auto`; got {shards!r}")
-    names = None if listed is None else listed[inp["path"]]
+    return shards
+
+
+def input_settings(inp: dict, task: str, section: dict, names: list[str] | None) -> InputSettings:
+    """An input's settings: its format and parts (`names`: the objects listed in a bucket, when the
+    input lies there) and the columns its task reads (`Task.inputs`, from the task's `section`)."""
     fmt, parts = resolve_input(inp["path"], inp["format"], inp["split"], names)
-    section = dict(config.get(model["task"]) or {})
-    reads = task_class(model["task"]).inputs(inp, section) if model["task"] in TASKS else None
-    return Settings(
-        input=InputSettings(
-            path=inp["path"],
-            format=fmt,
-            parts=parts,
-            text_column=inp["text_column"],
-            keep_columns=tuple(inp["keep_columns"]),
-            null_text=inp["null_text"],
-            columns=tuple(inp.get("columns") or ()),
-            stage=inp["stage"],
-            delimiter=inp["delimiter"],
-            split=inp["split"],
-            task_columns=reads.columns if reads else (),
-            column_keys=reads.keys if reads else (),
-            text_columns=reads.texts if reads else None,
-        ),
-        model=ModelSettings(
-            path=None if model["path"] is None else resolve_model_path(model["path"]),
-            adapter=model["adapter"],
-            task=model["task"],
-            max_length=model["max_length"],
-            dtype=model["dtype"],
-            trust_remote_code=model["trust_remote_code"],
-            allow_pickle=model["allow_pickle"],
-            labels=None if model["labels"] is None else tuple(model["labels"]),
-            max_new_tokens=model["max_new_tokens"],
-            entrypoint=model["entrypoint"],
-            options=dict(model["options"]),
-        ),
-        batch=BatchSettings(**config["batch"]),
-        shards=shards,
-        tokenize_ahead=config["tokenize"]["ahead"],
-        task_settings=dict(config.get(model["task"]) or {}),
-        evaluate=EvaluateSettings(**(config.get("evaluate") or {})),
-        row_errors=row_error_settings(config.get("row_errors") or {}),
+    reads = task_class(task).inputs(inp, section) if task in TASKS else None
+    return InputSettings(
+        path=inp["path"],
+        format=fmt,
+        parts=parts,
+        text_column=inp["text_column"],
+        keep_columns=tuple(inp["keep_columns"]),
+        null_text=inp["null_text"],
+        columns=tuple(inp.get("columns") or ()),
+        stage=inp["stage"],
+        delimiter=inp["delimiter"],
+        split=inp["split"],
+        task_columns=reads.columns if reads else (),
+        column_keys=reads.keys if reads else (),
+        text_columns=reads.texts if reads else None,
+    )
+
+
+def model_settings(model: dict) -> ModelSettings:
+    """`model:`, its `pkg:` path inside its package."""
+    return ModelSettings(
+        path=None if model["path"] is None else resolve_model_path(model["path"]),
+        adapter=model["adapter"],
+        task=model["task"],
+        max_length=model["max_length"],
+        dtype=model["dtype"],
+        trust_remote_code=model["trust_remote_code"],
+        allow_pickle=model["allow_pickle"],
+        labels=None if model["labels"] is None else tuple(model["labels"]),
+        max_new_tokens=model["max_new_tokens"],
+        entrypoint=model["entrypoint"],
+        options=dict(model["options"]),
     )
 
 
