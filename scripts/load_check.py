@@ -6,11 +6,14 @@ DAG: `snakemake -n` with --dag-shards shards, of the workflow and of a bare Snak
 rules and directives but trivial values (BARE_SNAKEFILE), in turns, best of two each; the ratio is
 the workflow's own Snakemake overhead per shard job.
 
-Bytes read: the script writes one table of about --read-gb GB as CSV, JSONL, gzipped CSV and JSONL,
-and a Parquet file of one row group, plans each into --shards ranges (staging the gzipped files and
-the Parquet file, as the plan rule does: `shardinfer.input.staging`) and reads every range as a shard job
-does (`parts.iter_pieces` with the plan's spans, from the staged copy), in this process, counting
-what it reads; a staged file is also read in place by all shards, as it would be without its copy.
+Bytes read: the script writes one table of about --read-gb GB in every input format (the registry,
+`shardinfer.input.formats`, each by its own `Format.write`, in blocks of about 64 MiB), gzipped too
+for each format that may be compressed, and as a Parquet file of one row group (what pandas writes);
+it plans each into --shards ranges (staging the gzipped files and the one-group Parquet file, as the
+plan rule does: `shardinfer.input.staging`) and reads every range as a shard job does
+(`parts.iter_pieces` with the plan's spans, from the staged copy), in this process, counting what it
+reads; a staged file is also read in place by all shards, as it would be without its copy. rchar
+counts read calls: the pages a format reads memory-mapped (Arrow IPC, hf_dataset) are not in it.
 
 Bytes downloaded: without a shared filesystem a shard job downloads the plan file and its own cut of
 the input, which the plan writes (`shardinfer.input.shard_cuts`); for each format the script plans
@@ -232,42 +235,46 @@ def big_table(gigabytes: float, seed: int = 0):
     return pa.table({"id": ids, "text": text})
 
 
-def write_jsonl(table, path: Path) -> None:
-    """`{"id": ..., "text": ...}` per line, escaped by Arrow's compute kernels (pandas would take minutes)."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    text = table["text"]
-    for plain, escaped in (("\\", "\\\\"), ('"', '\\"'), ("\n", "\\n")):
-        text = pc.replace_substring(text, plain, escaped)
-    lines = pc.binary_join_element_wise('{"id": "', table["id"], '", "text": "', text, '"}\n', "")
-    with open(path, "wb") as handle:
-        for chunk in pc.cast(lines, pa.large_string()).chunks:  # the lines' bytes, one after another
-            offsets = np.frombuffer(chunk.buffers()[1], np.int64)[chunk.offset: chunk.offset + len(chunk) + 1]
-            handle.write(memoryview(chunk.buffers()[2])[offsets[0]: offsets[-1]])
+BLOCK_BYTES = 64 << 20  # the blocks each format is written in (row groups, batches, stripes)
 
 
 def write_formats(folder: Path, gigabytes: float) -> dict[str, Path]:
-    """The same table as CSV, JSONL, both gzipped, and a Parquet file of one row group (what pandas
-    writes)."""
+    """The same table in every format (its own writer), each compressible one gzipped too, and a
+    Parquet file of one row group (what pandas writes)."""
     import gzip
     import shutil
 
-    import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
+    from shardinfer.input.formats import all_formats, format_named
 
     table = big_table(gigabytes)
     folder.mkdir(parents=True, exist_ok=True)
-    paths = {fmt: folder / f"input.{fmt}" for fmt in ("csv", "jsonl", "parquet")}
-    pacsv.write_csv(table, paths["csv"])
-    write_jsonl(table, paths["jsonl"])
-    pq.write_table(table, paths["parquet"], row_group_size=table.num_rows)
-    for fmt in ("csv", "jsonl"):
-        paths[f"{fmt}.gz"] = folder / f"input.{fmt}.gz"
-        with open(paths[fmt], "rb") as plain, gzip.open(paths[f"{fmt}.gz"], "wb", compresslevel=1) as packed:
-            shutil.copyfileobj(plain, packed, 1 << 22)
-    return {fmt: paths[fmt] for fmt in ("csv", "jsonl", "csv.gz", "jsonl.gz", "parquet")}
+    block_rows = max(1, table.num_rows * BLOCK_BYTES // max(table.nbytes, 1))
+    paths = {}
+    for fmt in all_formats().values():
+        paths[fmt.name] = folder / f"input{fmt.extensions[0] if fmt.extensions else '-' + fmt.name}"
+        fmt.write(table, str(paths[fmt.name]), block_rows)
+        if fmt.compressible:
+            paths[f"{fmt.name}.gz"] = packed = folder / f"{paths[fmt.name].name}.gz"
+            with open(paths[fmt.name], "rb") as plain, gzip.open(packed, "wb", compresslevel=1) as sink:
+                shutil.copyfileobj(plain, sink, 1 << 22)
+    paths["parquet, one row group"] = folder / "one-group.parquet"
+    format_named("parquet").write(table, str(paths["parquet, one row group"]), table.num_rows)
+    return paths
+
+
+def settings_of(path: Path):
+    """The input settings of one written file or folder, its format and parts resolved."""
+    from shardinfer.config import InputSettings
+    from shardinfer.input.discovery import resolve_input
+
+    fmt, parts = resolve_input(str(path))
+    return InputSettings(path=str(path), format=fmt, parts=parts, text_column="text", keep_columns=("id",),
+                         null_text="error")
+
+
+def size_of(path: Path) -> int:
+    """A file's bytes, or a folder's files' together."""
+    return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def measured(figures: dict, name: str, function, *args):
@@ -294,8 +301,8 @@ def read_like_the_shards(path: Path, shards: int) -> dict:
 
     from shardinfer.plan import make_plan
 
-    settings = tiny.input_settings(path, keep_columns=("id",))
-    figures = {"size": path.stat().st_size}
+    settings = settings_of(path)
+    figures = {"size": size_of(path)}
     plan = measured(figures, "plan", make_plan, settings, shards, 512, str(path.parent / f"staged-{path.name}"))
     staged = plan.parts[0].staged
     figures.update(rows=plan.rows, staged=staged and staged.size)
@@ -305,7 +312,7 @@ def read_like_the_shards(path: Path, shards: int) -> dict:
         in_place = dataclasses.replace(in_place, pieces=tuple(
             tuple(dataclasses.replace(piece, part=in_place.parts[0]) for piece in pieces) for pieces in plan.pieces))
         measured(figures, "in_place", read_all_shards, settings, in_place)
-    else:
+    elif len(settings.files) == 1:  # a folder of parts: its last shard reads its own parts anyway
         measured(figures, "unspanned", read_last_from_the_start, settings, plan)
     shutil.rmtree(path.parent / f"staged-{path.name}")
     return figures
@@ -315,14 +322,17 @@ def read_last_from_the_start(settings, plan) -> None:
     """The last shard read from the file's start, as before spans (JSONL: with the types this process
     already knows; a shard job without its span also reads the whole file once more to type it)."""
     from shardinfer.input.formats import format_named
+    from shardinfer.input.parts import one_file
 
     start, end = plan.ranges[-1]
-    rows = format_named(settings.format).read_range(settings, start, end)
+    rows = format_named(settings.format).read_range(one_file(settings, settings.files[0]), start, end)
     assert sum(batch.num_rows for _, batch in rows) == end - start
 
 
 def report_reads(folder: Path, gigabytes: float, shards: int) -> None:
-    paths = timed(f"write {gigabytes:g} GB as csv, jsonl, both gzipped, and one-row-group parquet", write_formats,
+    import shutil
+
+    paths = timed(f"write {gigabytes:g} GB in every format, gzipped too, and as one-row-group parquet", write_formats,
                   folder, gigabytes)
     print(f"bytes read with {shards} shards (/proc/self/io rchar, page cache included; x = times the file's size; "
           "a staged file: times its copy's size, and in place times the file's):")
@@ -336,13 +346,13 @@ def report_reads(folder: Path, gigabytes: float, shards: int) -> None:
         if f["staged"]:
             line += (f"; read in place instead: {f['in_place_bytes'] / size:.2f}x in {f['in_place_s']:.1f} s "
                      f"({f['in_place_s'] / f['shard_s']:.1f}x the time)")
-        else:
+        elif "unspanned_bytes" in f:
             line += (f"; the last shard alone from the start, without its span: {f['unspanned_bytes'] / size:.2f}x "
                      f"in {f['unspanned_s']:.1f} s")
         print(line, flush=True)
     report_downloads(paths, shards)
     for path in paths.values():
-        path.unlink()
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
 def report_downloads(paths: dict[str, Path], shards: int) -> None:
@@ -357,14 +367,14 @@ def report_downloads(paths: dict[str, Path], shards: int) -> None:
     for fmt, path in paths.items():
         folder = path.parent / f"cuts-{path.name}"
         folder.mkdir(exist_ok=True)
-        settings = tiny.input_settings(path, keep_columns=("id",))
+        settings = settings_of(path)
         started = time.perf_counter()
         plan = make_plan(settings, shards, 512).write_cuts(settings, [str(folder / f"{k}.parquet")
                                                                       for k in range(shards)])
         seconds = time.perf_counter() - started
         write_plan(plan, str(folder / "plan.json"))
         plan_bytes, cuts = (folder / "plan.json").stat().st_size, sorted(cut.size for cut in plan.cuts)
-        size = path.stat().st_size
+        size = size_of(path)
         print(f"  {fmt:9} {size / 1e9:.2f} GB: per shard job {plan_bytes / 1e3:.0f} kB of plan + a cut of "
               f"{cuts[0] / 1e6:.1f}..{cuts[-1] / 1e6:.1f} MB (median {cuts[len(cuts) // 2] / 1e6:.1f}); all "
               f"{(shards * plan_bytes + sum(cuts)) / size:.2f}x; plan with cuts {seconds:.1f} s", flush=True)

@@ -1,79 +1,114 @@
-"""config/README.md's table documents every key of the schema, with the schema's default and allowed
-values, and no key the schema lacks: the keys come from the schema, so a new section only needs
-its rows."""
+"""The docs' lists have one source each (scripts/config_docs.py writes them): config/README.md's key
+table is the schema's keys, defaults, allowed values and descriptions; the lists of formats and
+tasks in README.md, config/README.md and config/config.yaml are the registries'. A file that is not
+as written fails here, naming the command that rewrites it; so does a list that a registry change
+(a new format's module) leaves behind. The messages that list formats or tasks take them from the
+registries too."""
 
-import json
 import re
 
 import pytest
 
+import config_docs as DOCS
 from factory import REPO
+from shardinfer.checks import check_storage_inputs
+from shardinfer.errors import UserError
+from shardinfer.input import formats
+from shardinfer.input.discovery import detect_format
+from shardinfer.input.formats import all_formats
+from shardinfer.input.formats.parquet import Parquet
 from shardinfer.schema import schema
-
-TABLE_HEADER = "| key | default | allowed | meaning |"
-
-
-def schema_keys(node: dict, prefix: str = "") -> dict[str, tuple[dict, bool]]:
-    """Each documented key (`model.task`; a section with properties gives its keys, not itself;
-    a mapping such as `inputs` or `generate.vllm` is one key) with its schema and whether required."""
-    keys = {}
-    for name, child in node.get("properties", {}).items():
-        if child.get("properties"):
-            keys.update(schema_keys(child, f"{prefix}{name}."))
-        else:
-            keys[f"{prefix}{name}"] = (child, name in node.get("required", ()))
-    return keys
+from shardinfer.tasks import TASKS, may_write_files
 
 
-def table_rows() -> dict[str, tuple[str, str]]:
-    """The table's rows: `key` -> (default cell, allowed cell)."""
-    lines = (REPO / "config" / "README.md").read_text().splitlines()
-    start = lines.index(TABLE_HEADER) + 2  # after the header and its |---| line
+def test_the_docs_are_as_written_from_the_schema_and_the_registries():
+    stale = DOCS.stale()
+    assert not stale, f"out of date: {', '.join(stale)}; run scripts/config_docs.py --write"
+
+
+def test_every_list_is_written_into_the_docs():
+    text = "\n".join((REPO / name).read_text() for name in DOCS.FILES)
+    written = {match["name"] for match in map(DOCS.BEGIN.match, text.splitlines()) if match}
+    assert written == set(DOCS.PARTS)
+
+
+def table_rows() -> dict[str, list[str]]:
+    """The written key table's rows: `key` -> [default, allowed, meaning] cells."""
     rows = {}
-    for line in lines[start:]:
-        if not line.startswith("|"):
-            break
-        key, default, allowed, _ = (cell.strip() for cell in line.strip("|").split(" | ", 3))
-        assert key not in rows, f"config/README.md documents {key} twice"
-        rows[key.strip("`")] = (default, allowed)
+    for line in DOCS.key_table()[2:]:
+        cells = re.split(r"(?<!\\) \| ", line.strip("| "))
+        rows[cells[0].strip("`")] = cells[1:]
     return rows
 
 
-def shown(value) -> str:
-    """A value as the table writes it: in backticks, as YAML would (`auto`, `null`, `[]`, `1.0`)."""
-    return f"`{value}`" if isinstance(value, str) else f"`{json.dumps(value)}`"
-
-
-KEYS = schema_keys(schema())
 ROWS = table_rows()
+KEYS = DOCS.schema_keys(schema())
 
 
-def row(key: str) -> tuple[str, str]:
-    """The key's default and allowed cells; a key without a row fails its test, naming it."""
-    if key not in ROWS:
-        pytest.fail(f"config/README.md has no row for {key}")
-    return ROWS[key]
+def test_the_table_has_a_row_per_key_of_the_schema_and_no_other():
+    assert list(ROWS) == [key for key, _, _ in KEYS]
+    assert {"input.path", "input.csv.delimiter", "input.delimiter", "inputs", "generate.vllm", "shards"} <= set(ROWS)
 
 
-def test_the_table_documents_the_schemas_keys_and_no_other():
-    assert sorted(set(KEYS) - set(ROWS)) == [], "keys of the schema without a row in config/README.md"
-    assert sorted(set(ROWS) - set(KEYS)) == [], "rows in config/README.md for keys the schema lacks"
-
-
-@pytest.mark.parametrize("key", sorted(KEYS))
-def test_a_keys_default_is_the_schemas(key):
-    """The default cell starts with the schema's default (more may follow: "`null` (required for
-    ..."); a key without one is `(required...)` if the schema requires it, else `(none)`."""
-    node, required = KEYS[key]
-    cell = row(key)[0]
+@pytest.mark.parametrize("key, node, required", KEYS, ids=[key for key, _, _ in KEYS])
+def test_a_row_says_the_schemas_default_allowed_values_and_description(key, node, required):
+    default, allowed, meaning = ROWS[key]
     if "default" in node:
-        assert cell.split(" ")[0] == shown(node["default"]), f"{key}: {cell!r}, schema default {node['default']!r}"
+        assert default == DOCS.shown(node["default"])
     else:
-        assert cell.startswith("(required") if required else cell == "(none)", f"{key}: {cell!r}"
+        assert default == ("(required)" if required else "(none)")
+    if "enum" in node:
+        assert re.findall(r"`([^`]*)`", allowed) == [str(value) for value in node["enum"]]
+    assert allowed and meaning.replace("\\|", "|") == " ".join(node["description"].split())
 
 
-@pytest.mark.parametrize("key", sorted(key for key, (node, _) in KEYS.items() if "enum" in node))
-def test_a_keys_allowed_values_are_the_schemas(key):
-    """An enumerated key's allowed cell lists its values, each in backticks, and no other."""
-    listed = re.findall(r"`([^`]*)`", row(key)[1])
-    assert listed == [str(value) for value in KEYS[key][0]["enum"]], f"{key}: {row(key)[1]!r}"
+@pytest.mark.parametrize("node, words", [
+    ({"type": "boolean"}, "boolean"), ({"type": "integer", "minimum": 1}, "integer >= 1"),
+    ({"type": ["integer", "null"], "minimum": 1}, "integer >= 1, or `null`"),
+    ({"type": "number", "exclusiveMinimum": 0}, "number > 0"),
+    ({"type": "number", "exclusiveMinimum": 0, "maximum": 1}, "0 < number <= 1"),
+    ({"oneOf": [{"type": "integer", "minimum": 1}, {"const": "auto"}]}, "integer >= 1, or `auto`"),
+    ({"type": "string", "enum": ["a", "b"]}, "`a`, `b`"), ({"type": "string"}, None)])
+def test_allowed_values_are_read_from_a_keys_type(node, words):
+    assert DOCS.derived_allowed(node) == words
+
+
+def test_a_new_format_makes_the_docs_stale_until_they_are_written(monkeypatch, tmp_path):
+    """The docs follow the registry: a format's module is all it takes, then `--write`."""
+    class Feathery(Parquet):
+        name = "feathery"
+        extensions = (".fthr",)
+
+    monkeypatch.setattr(formats, "all_formats", lambda: {**all_formats(), "feathery": Feathery()})
+    monkeypatch.setattr(DOCS, "all_formats", formats.all_formats)
+    for name in DOCS.FILES:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text((REPO / name).read_text())
+    stale = DOCS.stale(tmp_path)
+    assert set(stale) == set(DOCS.FILES)
+    assert all("feathery" in text and ".fthr" in text for text in stale.values())
+    assert "| `feathery` | `.fthr` | no | none |" in stale["config/README.md"]
+
+
+def test_a_written_part_keeps_the_text_around_it_and_its_markers():
+    text = "before\n  # generated by scripts/config_docs.py: task-comment\n  # stale\n  # end: task-comment\nafter"
+    assert DOCS.rendered(text) == (f"before\n  # generated by scripts/config_docs.py: task-comment\n  # "
+                                   f"{' | '.join(TASKS)}\n  # end: task-comment\nafter")
+    with pytest.raises(SystemExit, match="no end marker"):
+        DOCS.rendered("<!-- generated by scripts/config_docs.py: keys -->\n| stale |")
+    with pytest.raises(SystemExit, match="no generated part named colours"):
+        DOCS.rendered("<!-- generated by scripts/config_docs.py: colours -->\n<!-- end: colours -->")
+
+
+def test_the_messages_list_the_formats_and_tasks_of_the_registries(tmp_path):
+    """An unknown file type names every extension and the formats that may be compressed; the
+    bucket's refusal of a task that writes files names the tasks that write none."""
+    path = tmp_path / "table.xlsx"
+    path.write_bytes(b"")
+    with pytest.raises(UserError) as caught:
+        detect_format(str(path))
+    assert all(suffix in str(caught.value) for fmt in all_formats().values() for suffix in fmt.extensions)
+    assert "/".join(fmt.name for fmt in all_formats().values() if fmt.compressible) + " also .gz" in str(caught.value)
+    with pytest.raises(UserError) as caught:
+        check_storage_inputs({"input": {"path": "x"}, "model": {"task": "custom"}, "shards": 1})
+    assert f"({', '.join(name for name in TASKS if not may_write_files(name))})" in str(caught.value)

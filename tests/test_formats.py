@@ -17,9 +17,10 @@ import pyarrow.feather as feather
 import pytest
 
 from factory import input_frame, write_input
+from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
 from shardinfer.input.discovery import resolve_input
-from shardinfer.input.formats import all_formats, format_named, format_of, text_blocks
+from shardinfer.input.formats import all_formats, format_named, format_of, options_in, text_blocks
 from shardinfer.input.parts import iter_pieces
 from shardinfer.input.scan import count_rows
 from shardinfer.input.shard_bound import check_shard_count
@@ -38,13 +39,14 @@ def frame_with_awkward_text(rows: int = ROWS) -> pd.DataFrame:
     return frame
 
 
-def settings(path: Path | str, fmt: str | None = None, **overrides):
-    """Input settings of a file or folder, its format and parts resolved as the Snakefile does."""
-    found, parts = resolve_input(str(path), fmt or "auto", overrides.get("split"))
+def settings(path: Path | str, fmt: str | None = None, section: dict | None = None, **overrides):
+    """Input settings of a file or folder, its format, parts and format options resolved as the
+    Snakefile does; `section`: the input section's format keys (`{"csv": {"delimiter": ";"}}`, or
+    today's flat `{"delimiter": ";"}`)."""
+    section = {"path": str(path), **(section or {})}
+    found, parts = resolve_input(str(path), fmt or "auto", section)
     values = {"path": str(path), "format": found, "parts": parts, "text_column": "text", "keep_columns": ("id", "gold"),
-              "null_text": "empty"}
-    from shardinfer.config import InputSettings
-
+              "null_text": "empty", "options": options_in(section, format_named(found))}
     return InputSettings(**{**values, **overrides})
 
 
@@ -67,11 +69,15 @@ def write_ipc_stream(table: pa.Table, path: Path, batch_rows: int) -> Path:
     return path
 
 
-@pytest.mark.parametrize("kind", ["arrow file", "feather", "arrow stream"])
+@pytest.mark.parametrize("kind", ["arrow file", "feather", "arrow stream", "arrow stream of dictionaries"])
 def test_arrow_ipc_reads_as_the_same_rows_as_parquet(tmp_path, kind):
+    """An IPC stream of a dictionary column has its dictionaries in messages of their own: read from
+    its start (its batches have no positions); the others from the batch that holds a shard's rows."""
     frame = frame_with_awkward_text()
     table = pa.Table.from_pandas(frame, preserve_index=False)
-    if kind == "arrow stream":
+    if kind == "arrow stream of dictionaries":
+        table = table.set_column(2, "text", table.column("text").dictionary_encode())
+    if kind.startswith("arrow stream"):
         path = write_ipc_stream(table, tmp_path / "in.arrow", batch_rows=37)
     else:
         path = tmp_path / ("in.arrow" if kind == "arrow file" else "in.feather")
@@ -82,6 +88,8 @@ def test_arrow_ipc_reads_as_the_same_rows_as_parquet(tmp_path, kind):
     want = parquet_rows(frame, tmp_path)
     for shards in (1, 4, 9):  # ranges cut inside batches of 37 rows
         assert shard_table(inp, shards).equals(want)
+    spans = [piece.span for pieces in make_plan(inp, 4, 32).pieces for piece in pieces]
+    assert all(span is None for span in spans) if kind.endswith("dictionaries") else spans[-1].row > 0
     assert count_rows(inp) == ROWS and format_named("arrow").rows_at_most(str(path), 10) == (ROWS, True)
     assert not wants_staging(dataclasses.replace(inp, stage="always"), str(path), ROWS, 1 << 40, [(0, 250), (250, 500)])
 
@@ -134,11 +142,13 @@ def test_a_dataset_dict_needs_a_split_and_never_joins_them(tmp_path):
         settings(tmp_path / "dd")
     assert "\n" not in str(caught.value)
     with pytest.raises(UserError, match=r"input.split `val` is not one of them"):
-        settings(tmp_path / "dd", split="val")
-    test = settings(tmp_path / "dd", split="test")
+        settings(tmp_path / "dd", section={"split": "val"})
+    test = settings(tmp_path / "dd", section={"split": "test"})
     assert shard_table(test, 2).equals(parquet_rows(splits["test"], tmp_path))
-    with pytest.raises(UserError, match=r"^input.split `test` is for a Hugging Face DatasetDict folder"):
-        settings(write_input(frame, tmp_path / "plain.parquet"), split="test")
+    assert settings(tmp_path / "dd", section={"hf_dataset": {"split": "test"}}) == test
+    with pytest.raises(UserError, match=r"^input.split is for hf_dataset; input `.*plain.parquet` is parquet, so "
+                                        r"leave it out$"):
+        settings(write_input(frame, tmp_path / "plain.parquet"), section={"split": "test"})
 
 
 @pytest.mark.parametrize("suffix, delimiter", [(".tsv", None), (".csv", ";"), (".csv", "|"), (".tsv.gz", None)])
@@ -153,7 +163,7 @@ def test_delimited_text_reads_as_the_same_rows_as_parquet(tmp_path, monkeypatch,
     table = pa.Table.from_pandas(frame, preserve_index=False)
     with pa.CompressedOutputStream(str(path), "gzip") if suffix.endswith(".gz") else pa.OSFile(str(path), "wb") as sink:
         pacsv.write_csv(table, sink, options)
-    inp = settings(path, delimiter=delimiter)
+    inp = settings(path, section={"csv": {"delimiter": delimiter}})
     assert inp.format == ("tsv" if suffix.startswith(".tsv") else "csv")
     texts = frame["text"].fillna("").tolist()
     got = shard_table(inp, 7)
@@ -170,16 +180,28 @@ def test_a_tsv_read_as_csv_is_one_column_and_says_so(tmp_path):
 
 
 @pytest.mark.parametrize("delimiter", ['"', "\n", "ab"])
-def test_a_delimiter_that_cannot_separate_is_refused(tmp_path, delimiter):
-    inp = settings(write_input(input_frame(5), tmp_path / "in.csv"), delimiter=delimiter)
-    with pytest.raises(UserError, match=r"^input.delimiter .* is not allowed: one character other than a quote"):
-        format_named(inp.format).check_settings(inp)
+@pytest.mark.parametrize("nested", [True, False])
+def test_a_delimiter_that_cannot_separate_is_refused_naming_its_key(tmp_path, delimiter, nested):
+    path = write_input(input_frame(5), tmp_path / "in.csv")
+    key, section = ("input.csv.delimiter", {"csv": {"delimiter": delimiter}}) if nested else (
+        "input.delimiter", {"delimiter": delimiter})
+    with pytest.raises(UserError, match=rf"^{key} .* is not allowed: one character other than a quote"):
+        settings(path, section=section)
 
 
-def test_a_delimiter_for_a_typed_format_is_refused(tmp_path):
-    inp = settings(write_input(input_frame(5), tmp_path / "in.parquet"), delimiter=";")
-    with pytest.raises(UserError, match=r"^input.delimiter is for delimited text \(csv, tsv\); input `.*` is parquet"):
-        format_named(inp.format).check_settings(inp)
+def test_one_delimiter_in_both_spellings_is_one_option_and_two_are_refused(tmp_path):
+    path = write_input(input_frame(5), tmp_path / "in.csv")
+    assert settings(path, section={"delimiter": ";", "csv": {"delimiter": ";"}}).options == {"delimiter": ";"}
+    with pytest.raises(UserError, match=r"^input.csv.delimiter ';' and input.delimiter '\|' differ; give one"):
+        settings(path, section={"delimiter": "|", "csv": {"delimiter": ";"}})
+
+
+@pytest.mark.parametrize("section, key", [({"delimiter": ";"}, "input.delimiter"),
+                                          ({"csv": {"delimiter": ";"}}, "input.csv.delimiter")])
+def test_a_delimiter_for_a_typed_format_is_refused(tmp_path, section, key):
+    path = write_input(input_frame(5), tmp_path / "in.parquet")
+    with pytest.raises(UserError, match=rf"^{key} is for csv, tsv; input `.*` is parquet, so leave it out$"):
+        settings(path, section=section)
 
 
 def test_a_compressed_binary_format_is_an_unknown_type(tmp_path):
@@ -234,10 +256,10 @@ def test_a_dataset_dict_split_is_planned_and_checked_again_as_that_split(tmp_pat
     datasets.DatasetDict({"train": datasets.Dataset.from_pandas(frame.iloc[:60], preserve_index=False),
                           "test": datasets.Dataset.from_pandas(frame.iloc[60:], preserve_index=False)}
                          ).save_to_disk(str(tmp_path / "dd"))
-    inp = settings(tmp_path / "dd", split="test")
+    inp = settings(tmp_path / "dd", section={"split": "test"})
     run_plan(inp, 2, 32, str(tmp_path / "plan.json"))
     plan = read_plan(str(tmp_path / "plan.json"))
-    assert plan.split == "test" and plan.rows == 30
+    assert plan.options == {"hf_dataset": {"split": "test"}} and plan.rows == 30
     plan.check_input_unchanged()
     state = tmp_path / "dd" / "test" / "state.json"
     extra = tmp_path / "dd" / "test" / "data-00001-of-00002.arrow"
@@ -247,3 +269,49 @@ def test_a_dataset_dict_split_is_planned_and_checked_again_as_that_split(tmp_pat
     state.write_text(json.dumps(listed))
     with pytest.raises(UserError, match=r"data-00001-of-00002.arrow` is not a part of the plan"):
         plan.check_input_unchanged()
+
+
+def configured(section: dict) -> InputSettings:
+    """The input settings of a config whose `input` is `section`, validated and built as the Snakefile does."""
+    from snakemake.utils import validate
+
+    from shardinfer.configure import settings_by_input
+    from shardinfer.schema import SCHEMA_PATH
+
+    config = {"input": section, "model": {}, "shards": 1}
+    validate(config, str(SCHEMA_PATH))
+    return settings_by_input(config)[None].input
+
+
+# An input's rule params as before format options had sections (the keys of `plan_input`, in order).
+PARAM_KEYS = ["path", "format", "text_column", "keep_columns", "null_text", "columns", "parts", "stage", "delimiter",
+              "split", "task_columns", "column_keys", "text_columns"]
+
+
+def test_a_format_option_in_either_spelling_gives_the_rule_params_of_before(tmp_path):
+    """`input.csv.delimiter` and `input.delimiter` give one set of rule params, as Snakemake compares
+    them (their repr), with the keys of before: moving a key to its section reruns no job."""
+    path = str(write_input(input_frame(5), tmp_path / "in.csv"))
+    flat, nested = configured({"path": path, "delimiter": ";"}), configured({"path": path, "csv": {"delimiter": ";"}})
+    assert flat == nested and flat.options == {"delimiter": ";"}
+    assert repr(flat.to_dict()) == repr(nested.to_dict())
+    assert list(flat.to_dict()) == PARAM_KEYS and flat.to_dict()["delimiter"] == ";"
+    assert list(configured({"path": path}).to_dict()) == PARAM_KEYS
+    assert type(flat).from_dict(flat.to_dict()) == flat
+
+
+def test_an_option_beyond_the_flat_ones_travels_under_options(tmp_path):
+    """A format's option that never was a key of `input` is in the rule params only when set."""
+    inp = InputSettings(path="x.arrow", format="arrow", text_column="text", keep_columns=(), null_text="error",
+                        options={"delimiter": "|", "stripes": 4})
+    data = inp.to_dict()
+    assert list(data) == [*PARAM_KEYS[:10], "options", *PARAM_KEYS[10:]] and data["options"] == {"stripes": 4}
+    assert InputSettings.from_dict(data) == inp
+
+
+def test_another_formats_options_are_refused_in_one_line_and_empty_sections_pass(tmp_path):
+    path = str(write_input(input_frame(5), tmp_path / "in.jsonl"))
+    with pytest.raises(UserError, match=r"^input.csv.delimiter is for csv, tsv; input `.*in.jsonl` is jsonl, so leave "
+                                        r"it out$"):
+        configured({"path": path, "csv": {"delimiter": ";"}})
+    assert configured({"path": path, "csv": {}, "hf_dataset": {"split": None}}).options == {}

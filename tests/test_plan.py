@@ -180,7 +180,8 @@ def test_shards_read_their_part_of_the_file_not_all_before_it(tmp_path, monkeypa
         assert ids == frame["id"].tolist()[start:end]
         (piece,) = plan.pieces[shard]
         span = piece.span
-        assert read <= (span.stop or size) - span.at.byte + 8192  # its span, the csv header, /proc/self/io
+        stop = span.stop["byte"] if span.stop else size
+        assert read <= stop - span.at["byte"] + 8192  # its span, the csv header, /proc/self/io
         total += read
     assert read_shard(settings, plan, 8)[1] < size / 8
     assert total <= 1.2 * size, (total, size)
@@ -191,16 +192,17 @@ def test_plan_file_records_each_shards_span_and_the_jsonl_fields_once(tmp_path, 
     path = write_input(input_frame(500), tmp_path / "in.jsonl")
     write_plan(make_plan(settings_for(path), 4, 32), tmp_path / "plan.json")
     recorded = json.loads((tmp_path / "plan.json").read_text())
-    assert recorded["version"] == PLAN_VERSION == 6
+    assert recorded["version"] == PLAN_VERSION == 7
     assert recorded["input"]["fields"]["types"] == {"id": "string", "gold": "int64", "text": "string"}
     spans = [piece["span"] for shard in recorded["shards"] for piece in shard["pieces"]]
     assert len(spans) == 4
-    assert spans[0] == {"row": 0, "line": 1, "byte": 0, "stop_byte": spans[1]["byte"]}
-    assert spans[-1]["stop_byte"] is None
+    assert spans[0] == {"row": 0, "at": {"line": 1, "byte": 0}, "stop": spans[1]["at"]}
+    assert spans[-1]["stop"] is None
     lines = path.read_bytes().split(b"\n")
-    for span in spans:  # a span's byte is where its row's line begins
-        assert len(b"\n".join(lines[: span["line"] - 1])) + (span["line"] > 1) == span["byte"]
-        assert json.loads(lines[span["line"] - 1])["id"] == f"row-{span['row']}"
+    for span in spans:  # a text span starts where its row's line begins (the JSONL format's position)
+        line, byte = span["at"]["line"], span["at"]["byte"]
+        assert len(b"\n".join(lines[: line - 1])) + (line > 1) == byte
+        assert json.loads(lines[line - 1])["id"] == f"row-{span['row']}"
     assert read_plan(str(tmp_path / "plan.json")).pieces[3][0].span.fields.names == ["id", "gold", "text"]
 
 
@@ -215,5 +217,35 @@ def test_a_plan_of_an_earlier_version_is_refused(tmp_path):
     write_plan(make_plan(settings_for(path), 2, 32), tmp_path / "plan.json")
     recorded = json.loads((tmp_path / "plan.json").read_text())
     (tmp_path / "plan.json").write_text(json.dumps({**recorded, "version": 3}))
-    with pytest.raises(UserError, match=r"has version 3, expected 6; rerun the plan"):
+    with pytest.raises(UserError, match=r"has version 3, expected 7; rerun the plan"):
         read_plan(str(tmp_path / "plan.json"))
+
+
+def as_version_6(recorded: dict) -> dict:
+    """A plan file as version 6 wrote it: text spans {row, line, byte, stop_byte}, `input.split`."""
+    def span(entry):
+        return entry and {"row": entry["row"], **entry["at"], "stop_byte": entry["stop"] and entry["stop"]["byte"]}
+
+    shards = [{**shard, "pieces": [{**piece, "span": span(piece["span"])} for piece in shard["pieces"]]}
+              for shard in recorded["shards"]]
+    options = recorded["input"].pop("options")
+    return {**recorded, "version": 6, "shards": shards, "input": {**recorded["input"], "split": None, **options}}
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".parquet"])
+def test_a_plan_of_version_6_reads_as_the_plan_it_was(tmp_path, monkeypatch, suffix):
+    """A plan written before spans held the format's own positions is read, not replanned (a new
+    plan file would rerun every finished shard): the same pieces, and the same rows from them."""
+    monkeypatch.setattr(tables, "BLOCK_BYTES", 1024)
+    path = write_input(input_frame(300), tmp_path / f"in{suffix}")
+    settings = settings_for(path)
+    write_plan(make_plan(settings, 4, 32), tmp_path / "plan.json")
+    now = read_plan(str(tmp_path / "plan.json"))
+    recorded = json.loads((tmp_path / "plan.json").read_text())
+    (tmp_path / "old.json").write_text(json.dumps(as_version_6(recorded)))
+    old = read_plan(str(tmp_path / "old.json"))
+    assert (old.plan_id, old.ranges, old.options) == (now.plan_id, now.ranges, {})
+    for shard, (start, end) in enumerate(now.ranges):
+        assert [p.span and (p.span.row, p.span.at) for p in old.pieces[shard]] == [
+            p.span and (p.span.row, p.span.at) for p in now.pieces[shard]]
+        assert read_shard(settings, old, shard)[0] == [f"row-{i}" for i in range(start, end)]

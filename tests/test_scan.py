@@ -239,9 +239,9 @@ def rows_from_each_mark(path, settings, rows) -> None:
     scan = scan_input(settings)
     assert scan.rows == len(rows) and scan.marks[0].row == 0 and len(scan.marks) > 1
     for span in scan.spans([(mark.row, len(rows)) for mark in scan.marks]):
-        pieces = list(iter_range(settings, span.at.row, len(rows), span))
-        assert pieces[0][0] == span.at.row
-        assert [t for _, b in pieces for t in b.column("text").to_pylist()] == rows[span.at.row:]
+        pieces = list(iter_range(settings, span.row, len(rows), span))
+        assert pieces[0][0] == span.row
+        assert [t for _, b in pieces for t in b.column("text").to_pylist()] == rows[span.row:]
 
 
 @pytest.mark.parametrize("block_bytes", range(4, 40))
@@ -282,7 +282,7 @@ def test_every_range_read_from_its_span_equals_the_full_read(tmp_path, monkeypat
     assert scan.rows == 600 and len(scan.marks) > 20
     ranges = [(0, 1), (1, 97), (97, 98), (250, 420), (421, 599), (599, 600), (300, 300)]
     for (start, end), span in zip(ranges, scan.spans(ranges)):
-        assert span.at.row <= start
+        assert span.row <= start
         batches = [batch for _, batch in iter_range(settings, start, end, span)]
         for column in ("text", "id"):
             assert [v for b in batches for v in b.column(column).to_pylist()] == frame[column].tolist()[start:end]
@@ -297,7 +297,7 @@ def test_jsonl_error_read_from_a_span_names_the_files_own_line(tmp_path, monkeyp
     path.write_text("\n".join(lines) + "\n")
     settings = settings_for(path)
     span = scan_input(settings).spans([(250, 300)])[0]
-    assert span.at.row > 100 and span.fields is not None
+    assert span.row > 100 and span.fields is not None
     bad = lines[260].replace('"text": ', '"text"; ')  # same length: the plan's offsets still hold
     path.write_text("\n".join([*lines[:260], bad, *lines[261:]]) + "\n")
     with pytest.raises(UserError, match=r"cannot read it as jsonl: line 261: JSON parse error"):
@@ -324,7 +324,7 @@ def test_a_span_that_starts_after_the_range_is_refused(tmp_path, monkeypatch):
     path = write_input(input_frame(50), tmp_path / "in.csv")
     span = scan_input(settings_for(path)).spans([(40, 50)])[0]
     with pytest.raises(ValueError, match="after the range's first row"):
-        list(iter_range(settings_for(path), span.at.row - 1, 50, span))
+        list(iter_range(settings_for(path), span.row - 1, 50, span))
 
 
 def test_a_value_longer_than_many_blocks_is_read_whole(tmp_path, monkeypatch):

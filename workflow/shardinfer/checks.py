@@ -12,7 +12,6 @@ from shardinfer.config import InputSettings, Settings
 from shardinfer.contract.shard_file import INDEX_COLUMN
 from shardinfer.errors import UserError
 from shardinfer.input.discovery import missing_input
-from shardinfer.input.formats import format_named
 from shardinfer.input.shard_bound import check_shard_count
 from shardinfer.tasks import TASKS, engine_class, may_write_files, output_columns, task_class
 
@@ -85,9 +84,10 @@ def check_storage_inputs(config: dict) -> None:
     inputs = {None: config["input"]} if "input" in config else config["inputs"]
     task = config["model"]["task"]
     if task in TASKS and may_write_files(task):
+        others = ", ".join(name for name in TASKS if not may_write_files(name))
         raise UserError(f"task {task} may write files per row into a folder per shard (a directory() output), "
                         "which Snakemake reports missing in storage after a job uploaded it; without a shared "
-                        "filesystem run tasks that write no files (classify, embed, score, generate)")
+                        f"filesystem run tasks that write no files ({others})")
     counts = {name: inp.get("shards", config["shards"]) for name, inp in inputs.items()}
     if len(set(map(str, counts.values()))) > 1:
         raise UserError(f"inputs have different `shards` ({counts}); without a shared filesystem give them one "
@@ -116,7 +116,6 @@ def check_settings(settings: Settings, storage: bool = False) -> None:
         if not Path(part).is_file():
             raise missing_input(part)
     check_keep_columns(inp, (INDEX_COLUMN, *output_columns(model.task)))
-    format_named(inp.format).check_settings(inp)
     check_evaluate(settings)
     if not storage:  # reads the input's row count, which only the plan job sees in storage
         check_shard_count(inp, settings.shards)

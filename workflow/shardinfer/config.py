@@ -13,6 +13,11 @@ from dataclasses import dataclass, field
 
 from shardinfer.schema import defaults
 
+# Format options that were once keys of `input` itself (`input.delimiter` for `input.csv.delimiter`,
+# `input.split` for `input.hf_dataset.split`): still read, and in every input's rule params at their
+# old place (null when unset), so that a config's params stay as they were (`InputSettings.to_dict`).
+FLAT_OPTIONS = ("delimiter", "split")
+
 
 @dataclass(frozen=True)
 class InputSettings:
@@ -25,9 +30,10 @@ class InputSettings:
     parts: tuple[str, ...] = ()  # the files `path` names, in row order (shardinfer.input.discovery); (): `path` itself
     # when the plan copies a part for its shards to read by range (shardinfer.input.staging)
     stage: str = field(default_factory=lambda: defaults("input")["stage"])
-    delimiter: str | None = None  # CSV: the field separator (None: the format's own, `,` or a tab for .tsv)
-    # a Hugging Face DatasetDict folder: the split to read (shardinfer.input.formats.hf_dataset)
-    split: str | None = None
+    # The input's format's own settings as configured (`input.csv: {delimiter: ";"}` gives
+    # {"delimiter": ";"}), unset ones left out; the format reads them as its options object
+    # (`Format.options`), and refuses another format's when the Snakefile loads.
+    options: dict = field(default_factory=dict)
     # What the task reads (`Task.inputs`, filled by `configure.settings_from_config`): its columns in
     # the order it gets them, the config key naming each (for errors), and those that hold text (the
     # plan measures them for its cost; a null is allowed only as `null_text` says). Default: the text column.
@@ -55,10 +61,27 @@ class InputSettings:
         """Every column a shard reads, in order: the task's, then the keep columns."""
         return [*self.task_columns, *self.keep_columns]
 
+    def to_dict(self) -> dict:
+        """The settings as rule params: the options' FLAT_OPTIONS in their old place, each null when
+        unset, and any other option under `options`, only when one is set; so that an input's params
+        are what they were before options had sections, whichever way the config spells them."""
+        data = {}
+        for key, value in dataclasses.asdict(self).items():
+            if key != "options":
+                data[key] = value
+                continue
+            data.update({name: value.get(name) for name in FLAT_OPTIONS})
+            if rest := {name: option for name, option in value.items() if name not in FLAT_OPTIONS}:
+                data["options"] = rest
+        return data
+
     @classmethod
     def from_dict(cls, data: dict) -> InputSettings:
         tuples = ("keep_columns", "columns", "parts", "task_columns", "column_keys", "text_columns")
-        return cls(**{**data, **{key: tuple(data[key]) for key in tuples if data.get(key) is not None}})
+        flat = {name: data[name] for name in FLAT_OPTIONS if data.get(name) is not None}
+        data = {key: value for key, value in data.items() if key not in FLAT_OPTIONS}
+        return cls(**{**data, "options": {**data.get("options", {}), **flat},
+                      **{key: tuple(data[key]) for key in tuples if data.get(key) is not None}})
 
 
 @dataclass(frozen=True)
@@ -127,7 +150,7 @@ class Settings:
     row_errors: RowErrorSettings = field(default_factory=RowErrorSettings)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "input": self.input.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict) -> Settings:

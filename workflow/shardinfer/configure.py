@@ -15,6 +15,7 @@ from shardinfer.auto_shards import AUTO
 from shardinfer.config import BatchSettings, EvaluateSettings, InputSettings, ModelSettings, RowErrorSettings, Settings
 from shardinfer.errors import UserError
 from shardinfer.input.discovery import resolve_input
+from shardinfer.input.formats import format_named, options_in
 from shardinfer.tasks import TASKS, task_class
 
 PACKAGE_PREFIX = "pkg:"
@@ -70,8 +71,9 @@ def shard_count(shards, auto_shards: int | None) -> int:
 
 def input_settings(inp: dict, task: str, section: dict, names: list[str] | None) -> InputSettings:
     """An input's settings: its format and parts (`names`: the objects listed in a bucket, when the
-    input lies there) and the columns its task reads (`Task.inputs`, from the task's `section`)."""
-    fmt, parts = resolve_input(inp["path"], inp["format"], inp["split"], names)
+    input lies there), its format's options (`options_in`: another format's are refused) and the
+    columns its task reads (`Task.inputs`, from the task's `section`)."""
+    fmt, parts = resolve_input(inp["path"], inp["format"], inp, names)
     reads = task_class(task).inputs(inp, section) if task in TASKS else None
     return InputSettings(
         path=inp["path"],
@@ -82,8 +84,7 @@ def input_settings(inp: dict, task: str, section: dict, names: list[str] | None)
         null_text=inp["null_text"],
         columns=tuple(inp.get("columns") or ()),
         stage=inp["stage"],
-        delimiter=inp["delimiter"],
-        split=inp["split"],
+        options=options_in(inp, format_named(fmt)),
         task_columns=reads.columns if reads else (),
         column_keys=reads.keys if reads else (),
         text_columns=reads.texts if reads else None,

@@ -4,9 +4,10 @@ The plan file is the contract that gather proves the shard files against. Planni
 imports torch and reads the input once, streaming, part by part (a single file is one part;
 `shardinfer.input.parts`), each part's content digest computed alongside (`shardinfer.input.identity`). It
 records every part (path, first row, rows, size, mtime, digest) and, per shard, its pieces: the
-part rows it holds and, for the text formats, where they lie in the file (`Span`: a byte
-offset to seek to, with its row and line), plus the read columns' types over all parts
-(`Format.fields`), so that a shard reads only its part of the input. A
+part rows it holds and, for a format with positions, where they lie in the file (`Span`: the
+format's own positions to start and stop at, which the plan stores and never reads), plus the
+read columns' types over all parts (`Format.fields`), so that a shard reads only its part of the
+input. A
 part that shards could not read by range (a gzipped CSV/JSONL, a Parquet file of huge row groups)
 is copied once into the plan's staged folder so that they can (`shardinfer.input.staging`); the plan
 records the copy with its part.
@@ -33,6 +34,7 @@ from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
 from shardinfer.input.formats import format_named
 from shardinfer.input.formats.base import Span
+from shardinfer.input.formats.text_blocks import span_of_plan_v6
 from shardinfer.input.parts import Part, PartsScan, Piece, check_same_parts, iter_pieces, one_file, scan_parts
 from shardinfer.input.shard_cuts import Cut, cut_part, cut_pieces, read_as_cut, whole_parts, write_cuts
 from shardinfer.input.staging import stage_part, staged_name, wants_staging
@@ -41,8 +43,11 @@ log = logging.getLogger(__name__)
 # 3: the input's content digest; 4: each shard's span (CSV/JSONL) and the JSONL fields;
 # 5: the input's parts (path, first row, rows, size, mtime, digest) and each shard's pieces of them;
 # 6: each part's staged copy (path, size, mtime, digest) or null; `input.fields` (was jsonl_fields), for
-# Parquet parts of differing types too (and, since, each shard's `cut` or null: absent reads as null)
-PLAN_VERSION = 6
+# Parquet parts of differing types too (and, since, each shard's `cut` or null: absent reads as null);
+# 7: a span is the format's own positions {row, at, stop} (6: a text span {row, line, byte, stop_byte}),
+# and `input.options` the format's options as configured (6: `input.split`). Version 6 is still read.
+PLAN_VERSION = 7
+READ_VERSIONS = (6, 7)
 
 
 CHARS_PER_TOKEN = 4
@@ -102,7 +107,9 @@ class Plan:
     costs: tuple[int, ...]  # estimated tokens per shard (COST_ESTIMATE)
     pieces: tuple[tuple[Piece, ...], ...]  # per shard, its rows in each part it overlaps
     fields: pa.Schema | None = None  # the types every part is read in (`Format.fields`)
-    split: str | None = None  # input.split: the DatasetDict's split that `input_path` resolves to
+    # The format's options as an input section (`{"hf_dataset": {"split": "test"}}`; a plan of version 6:
+    # `{"split": ...}`), with which `input_path` resolves to its parts again.
+    options: dict = dataclasses.field(default_factory=dict)
     # Per shard, its rows written out for jobs without a shared filesystem (shardinfer.input.shard_cuts);
     # None: the shards read the input's parts.
     cuts: tuple[Cut, ...] | None = None
@@ -165,7 +172,7 @@ class Plan:
         """Refuse to use a plan whose input has changed since planning: a part added, removed or
         renamed (the input resolved again), or one of another size or mtime; or a staged copy
         removed or of another size or mtime."""
-        check_same_parts(self.input_path, self.parts, self.split)
+        check_same_parts(self.input_path, self.parts, self.options)
         for part in self.parts:
             part.check_unchanged()
 
@@ -186,8 +193,9 @@ def make_plan(inp: InputSettings, shards: int, max_length: int, staged_dir: str 
     if staged_dir is not None:
         scan = dataclasses.replace(scan, parts=staged_parts(inp, scan.parts, pieces, staged_dir))
         pieces = scan.pieces(list(ranges))  # the same pieces, of the parts with their copies
+    options = {format_named(inp.format).options_section: inp.options} if inp.options else {}
     return Plan(plan_id=plan_id, input_path=inp.path, parts=scan.parts, rows=scan.rows, ranges=ranges, costs=costs,
-                pieces=pieces, fields=scan.fields, split=inp.split)
+                pieces=pieces, fields=scan.fields, options=options)
 
 
 def plan_id_of(input_path: str, parts: tuple[Part, ...], rows: int, ranges: tuple[tuple[int, int], ...]) -> str:
@@ -233,9 +241,11 @@ def write_plan(plan: Plan, path: str) -> None:
     """The plan file. Each part is {path, first_row, rows, size, mtime_ns, digest, staged: null or
     its copy's {path, size, mtime_ns, digest, columns}}; each shard's
     pieces are {part (its position in `input.parts`), start, end (the part's own row numbers),
-    span}. A CSV/JSONL piece's `span` is {row, line, byte, stop_byte}: parse from `byte` (where the
-    part's row `row` and line `line` begin) and stop reading at `stop_byte` (null: the end); the
-    JSONL fields (or the types of Parquet parts that differ) are written once, under `input.fields`."""
+    span}. A piece's `span` (null for a format without positions) is {row, at, stop}: read from the
+    format's position `at`, where the part's row `row` begins, and stop before position `stop`
+    (null: the end); a text format's positions are {line, byte}. The JSONL fields (or the types of
+    Parquet parts that differ) are written once, under `input.fields`; the format's options as
+    configured under `input.options`."""
     position = {part.path: k for k, part in enumerate(plan.parts)}
     fields = {"fields": fields_to_json(plan.fields)} if plan.fields is not None else {}
     write_json_atomic(
@@ -243,8 +253,8 @@ def write_plan(plan: Plan, path: str) -> None:
         {
             "version": PLAN_VERSION,
             "plan_id": plan.plan_id,
-            "input": {"path": plan.input_path, "split": plan.split, "parts": [asdict(part) for part in plan.parts],
-                      **fields},
+            "input": {"path": plan.input_path, "options": plan.options,
+                      "parts": [asdict(part) for part in plan.parts], **fields},
             "rows": plan.rows,
             "cost": {"estimate": COST_ESTIMATE, "total": sum(plan.costs)},
             "shards": [{"shard": i, "start": s, "end": e, "rows": e - s, "cost": c,
@@ -258,14 +268,16 @@ def write_plan(plan: Plan, path: str) -> None:
 
 def read_plan(path: str) -> Plan:
     data = json.loads(Path(path).read_text())
-    if data.get("version") != PLAN_VERSION:
-        raise UserError(f"plan `{path}` has version {data.get('version')!r}, expected {PLAN_VERSION}; rerun the plan")
+    version = data.get("version")
+    if version not in READ_VERSIONS:
+        raise UserError(f"plan `{path}` has version {version!r}, expected {PLAN_VERSION}; rerun the plan")
     shards = data["shards"]
     fields = fields_from_json(data["input"]["fields"]) if "fields" in data["input"] else None
     parts = tuple(Part.from_json(part) for part in data["input"]["parts"])
+    span_of = Span.from_json if version == PLAN_VERSION else span_of_plan_v6
 
     def piece(entry: dict) -> Piece:
-        span = entry["span"] and Span.from_json(entry["span"], fields)
+        span = entry["span"] and span_of(entry["span"], fields)
         return Piece(parts[entry["part"]], entry["start"], entry["end"], span)
 
     return Plan(
@@ -277,9 +289,14 @@ def read_plan(path: str) -> Plan:
         costs=tuple(s["cost"] for s in shards),
         pieces=tuple(tuple(piece(p) for p in s["pieces"]) for s in shards),
         fields=fields,
-        split=data["input"].get("split"),
+        options=data["input"]["options"] if version == PLAN_VERSION else _v6_options(data["input"]),
         cuts=tuple(Cut.from_json(s["cut"]) for s in shards) if shards and shards[0].get("cut") else None,
     )
+
+
+def _v6_options(recorded: dict) -> dict:
+    """A version 6 plan's format options: its `split`, as the flat key it was."""
+    return {"split": recorded["split"]} if recorded.get("split") is not None else {}
 
 
 def remove_stale_shards(shard_dir: str, shards: int, files_dir: str | None = None) -> list[str]:

@@ -31,13 +31,15 @@ import posixpath
 from pathlib import Path, PurePosixPath
 
 from shardinfer.errors import UserError
-from shardinfer.input.formats import all_formats, extensions, folder_format, format_named, format_of
+from shardinfer.input.formats import all_formats, compressible_names, extensions, folder_format, format_named, format_of
 
 GLOB_CHARACTERS = "*?["
 
 
 def allowed_extensions() -> str:
-    return ", ".join(sorted(extensions()))
+    """The table extensions, and the formats whose files may be compressed too (`x.csv.gz`)."""
+    packed = compressible_names()
+    return ", ".join(sorted(extensions())) + (f"; {'/'.join(packed)} also .gz" if packed else "")
 
 
 def missing_input(path: str) -> UserError:
@@ -51,7 +53,7 @@ def detect_format(path: str) -> str:
         raise missing_input(path)  # a mistyped folder (`data/tarin/`), not a file of unknown type
     if fmt is None:
         raise UserError(f"input `{path}`: unknown file type; allowed extensions: {allowed_extensions()} "
-                        "(csv, tsv and jsonl also .gz; or set input.format)")
+                        "(or set input.format)")
     return fmt.name
 
 
@@ -86,8 +88,8 @@ def _matches(pattern: str) -> list[str]:
 
 
 def no_table_files(path: str, what: str, folder: str) -> UserError:
-    return UserError(f"input.path `{path}` is {what} with no table files ({allowed_extensions()}, csv, tsv and "
-                     f"jsonl also .gz); for parts without such an extension give a glob such as "
+    return UserError(f"input.path `{path}` is {what} with no table files ({allowed_extensions()}); for parts "
+                     f"without such an extension give a glob such as "
                      f"`{os.path.join(folder, 'part-*')}` and set input.format")
 
 
@@ -101,7 +103,7 @@ def _folder_parts(path: str) -> tuple[str, ...]:
 def input_parts(path: str) -> tuple[str, ...]:
     """The input's files in row order; a folder or glob that yields none is refused."""
     if os.path.isdir(path):
-        laid_out = folder_format(path, None)
+        laid_out = folder_format(path)
         return laid_out[1] if laid_out else _folder_parts(path)
     if is_glob(path) and not os.path.exists(path):
         parts = _matches(path)
@@ -203,20 +205,18 @@ def one_format(path: str, parts: tuple[str, ...], fmt: str) -> str:
     return first[1] if fmt == "auto" else fmt
 
 
-def resolve_input(path: str, fmt: str = "auto", split: str | None = None,
+def resolve_input(path: str, fmt: str = "auto", section: dict | None = None,
                   listed: list[str] | None = None) -> tuple[str, tuple[str, ...]]:
     """The input's format and its files in row order (see the module's docstring). A folder laid
-    out in a format's own way (a Hugging Face dataset, `split` naming one of a DatasetDict's) is
-    that format's, whatever its files' names say. `listed`: the object names under the path in a
-    bucket (no shared filesystem), from which the parts are picked instead of from the filesystem."""
+    out in a format's own way (a Hugging Face dataset, the input `section`'s options naming one of
+    a DatasetDict's splits) is that format's, whatever its files' names say. `listed`: the object
+    names under the path in a bucket (no shared filesystem), from which the parts are picked
+    instead of from the filesystem."""
     if listed is not None:
         parts = listed_input_parts(path, listed)
         return one_format(path, parts, fmt), parts
-    laid_out = folder_format(path, split) if os.path.isdir(path) else None
+    laid_out = folder_format(path, section) if os.path.isdir(path) else None
     if laid_out:
         return laid_out[0].name, laid_out[1]
-    if split is not None:
-        raise UserError(f"input.split `{split}` is for a Hugging Face DatasetDict folder; input.path `{path}` is "
-                        "not one, so leave input.split out")
     parts = input_parts(path)
     return one_format(path, parts, fmt), parts

@@ -73,7 +73,8 @@ class Part:
 @dataclass(frozen=True)
 class Piece:
     """A shard's rows in one part: rows [start, end) in the part's own numbering, and where they lie
-    in it (a text format's span; None for a format that reads any row range directly)."""
+    in it (the format's span; None for a format without positions, which reads any row range
+    directly or from the start)."""
     part: Part
     start: int
     end: int
@@ -126,10 +127,11 @@ def windows(batches: Iterator[tuple[int, pa.RecordBatch]], size: int, first_size
         yield first, pa.Table.from_batches(pending)
 
 
-def check_same_parts(path: str, parts: tuple[Part, ...], split: str | None = None) -> None:
+def check_same_parts(path: str, parts: tuple[Part, ...], section: dict | None = None) -> None:
     """Refuse an input whose files are not the planned ones: `path` resolved again (a directory
-    listed, a glob matched, a dataset's state read) must give the planned parts, no more and no fewer."""
-    refuse_other_parts(path, resolve_input(path, split=split)[1], parts)
+    listed, a glob matched, a dataset's state read, with the format options of the input `section`
+    as planned) must give the planned parts, no more and no fewer."""
+    refuse_other_parts(path, resolve_input(path, section=section)[1], parts)
 
 
 def refuse_other_parts(path: str, now: tuple[str, ...] | list[str], parts: tuple[Part, ...]) -> None:

@@ -1,5 +1,6 @@
 """The plan's scan of one input file: its rows counted, the task's columns checked, each row's
-text measured for the plan's cost, and the marks where shards may start reading, in one pass.
+text measured for the plan's cost, and the marks where shards may start reading (the format's
+positions, each with the row that starts there), in one pass.
 
 Every format gives its rows the same way (`shardinfer.input.formats`), so the scan names none:
 it reads only the task's columns, streaming, and never holds the whole table.
@@ -30,20 +31,25 @@ class InputScan:
     null_texts: int
     first_null_rows: tuple[int, ...]
     chars: np.ndarray  # characters of each row's text (0 for null, and for a custom task's rows), for the cost estimate
-    marks: tuple[Mark, ...] = ()  # CSV/JSONL: where each block of rows starts, for shards to seek to
+    marks: tuple[Mark, ...] = ()  # where each block of rows starts, for shards to start at (text, Arrow)
     fields: pa.Schema | None = None  # JSONL: every field, typed over the whole file
 
     def spans(self, ranges: list[tuple[int, int]]) -> tuple[Span | None, ...]:
         """Each range's span: from the last mark at or before its first row to the first mark at or
-        after its end (the file's end when none), so a shard parses less than one block it does not
-        need on either side. None for parquet (its row groups are its index)."""
+        after its end (the file's end when none), so a shard reads less than one block it does not
+        need on either side. None for a format without positions (Parquet's row groups and Arrow's
+        batches are their own index)."""
         if not self.marks:
             return tuple(None for _ in ranges)
         rows = np.array([mark.row for mark in self.marks])
         firsts = np.searchsorted(rows, [start for start, _ in ranges], side="right") - 1
         afters = np.searchsorted(rows, [end for _, end in ranges], side="left")
-        return tuple(Span(self.marks[max(int(first), 0)], self.marks[after].byte if after < len(rows) else None,
-                          self.fields) for first, after in zip(firsts, afters))
+        spans = []
+        for first, after in zip(firsts, afters):
+            at = self.marks[max(int(first), 0)]
+            stop = self.marks[after].position if after < len(rows) else None
+            spans.append(Span(at.row, at.position, stop, self.fields))
+        return tuple(spans)
 
 
 def _check_columns(inp: InputSettings, fields: pa.Schema | None) -> None:
@@ -117,7 +123,7 @@ class _TextMeasure:
 
 def scan_input(inp: InputSettings, fields: pa.Schema | None = None) -> InputScan:
     """Count the rows, measure and check every text value once, streaming, and mark where each
-    CSV/JSONL block starts; raises on anything unusable. Columns that are not text (a custom
+    block starts (the format's positions); raises on anything unusable. Columns that are not text (a custom
     task's) are counted and read (so a bad value is found here), not measured (chars 0).
     `fields`: a JSONL part's fields typed over the whole input (default: this file's own)."""
     fmt = format_named(inp.format)
@@ -127,9 +133,9 @@ def scan_input(inp: InputSettings, fields: pa.Schema | None = None) -> InputScan
     measure = _TextMeasure(inp) if inp.text_columns else None
     rows, marks = 0, []
     task_only = dataclasses.replace(inp, keep_columns=())  # the task's columns only
-    for mark, batch in fmt.batches(task_only, None, fields):
-        if mark is not None and (not marks or marks[-1] != mark):
-            marks.append(mark)
+    for position, batch in fmt.batches(task_only, None, fields):
+        if position is not None and (not marks or marks[-1].position != position):
+            marks.append(Mark(rows, position))
         if measure:
             measure.add(batch, rows)
         rows += batch.num_rows

@@ -14,7 +14,9 @@ its shards would read in place, `Format.stage` writes the copy): a compressed fi
 byte for byte (the plan's spans are offsets in the decompressed bytes already), a Parquet file
 rewritten with only the columns the shards read and a row group boundary at every shard boundary.
 A format that reads any row range in place (Arrow) is never staged. The shards read the copy; all
-of them together then read it about once.
+of them together then read it about once. A format that can start a shard only at a file's first
+row and has no copy to offer (`Format.reads_from_start`) is refused instead, in one line, where
+staging would have copied it; `input.stage: never` reads it in place, with a warning in the log.
 
 `input.stage` says when: `auto` (the default) stages a part when its shards would read more than
 STAGE_RATIO times its rows and at least STAGE_MIN_BYTES more than the file; `always` whenever they
@@ -28,6 +30,7 @@ are not those recorded.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,6 +46,7 @@ from shardinfer.input.formats import format_named
 from shardinfer.input.formats.base import Held
 from shardinfer.input.identity import digest_alongside, fingerprint
 
+log = logging.getLogger(__name__)
 STAGE_RATIO = 1.2  # auto: stage when the shards would read more than this many times the part's rows
 STAGE_MIN_BYTES = 64 << 20  # ... and at least this much more than the part's file
 
@@ -96,11 +100,30 @@ def should_stage(mode: str, rows: int, size: int, read: int) -> bool:
 
 def wants_staging(inp: InputSettings, path: str, rows: int, size: int, held: Held) -> bool:
     """Whether a part (`rows` rows, `size` bytes) should be staged for shards reading `held` of it:
-    never for a format that reads any row range in place (no `staged_suffix`)."""
+    never for a format that reads any row range in place (its `rows_read` are the ranges). A part
+    that would be, of a format with no copy to offer (no `staged_suffix`), is refused."""
     fmt = format_named(inp.format)
-    if inp.stage == "never" or not held or fmt.staged_suffix is None:
+    if not held:
         return False
-    return should_stage(inp.stage, rows, size, fmt.rows_read(path, held))
+    read = fmt.rows_read(path, held)
+    if inp.stage == "never" or fmt.staged_suffix is None:
+        if should_stage("auto" if inp.stage == "never" else inp.stage, rows, size, read):
+            _many_reads(inp, path, rows, read, len(held))
+        return False
+    return should_stage(inp.stage, rows, size, read)
+
+
+def _many_reads(inp: InputSettings, path: str, rows: int, read: int, shards: int) -> None:
+    """A part that its shards would read many times over and that is not staged: refused, unless
+    `input.stage: never` says to read it so (then said in the log)."""
+    fmt = format_named(inp.format)
+    why = f"input `{path}`: its {shards} shards would read it {read / rows:.1f} times over in place" + (
+        f" ({fmt.name} files are read only from their first row)" if fmt.reads_from_start else "")
+    if inp.stage == "never":
+        log.warning("WARNING %s, as input.stage: never says", why)
+        return
+    raise UserError(f"{why}, and {fmt.name} parts are never staged; give fewer shards, split it into parts (a "
+                    "folder of files), or set input.stage: never to read it so")
 
 
 def stage_part(inp: InputSettings, path: str, digest: str, held: Held, target: Path) -> Staged:

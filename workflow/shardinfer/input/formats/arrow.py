@@ -1,11 +1,13 @@
 """Arrow IPC files (`.arrow`, `.feather`: Feather V2 is the IPC file format) and IPC streams.
 
 Both are memory-mapped: a batch is a view of the file's pages, so a shard slices its rows out at
-any row without copying or parsing what it skips, and no part is ever staged. The IPC *file*
-format (magic `ARROW1`) has a footer that lists its batches: a shard reads only those that hold
-its rows. An IPC *stream* (what Hugging Face `datasets` writes) has none: a shard walks the batch
-headers up to its rows, which touches no data pages before them (uncompressed buffers). Parts
-are typed together from their schemas before anything is read, by exact widening only.
+any row without copying or parsing what it skips, and no part is ever staged. A batch's position
+is where a shard can start reading it: in an IPC *file* (magic `ARROW1`), whose footer lists its
+batches, its number (`{"batch": k}`); in an IPC *stream* (what Hugging Face `datasets` writes),
+which has no footer, the byte offset of its message (`{"byte": b}`), read from there on with the
+stream's schema. So a shard reads only the batches that hold its rows (a stream with dictionary
+columns, whose dictionaries come in messages of their own, is read from its start). Parts are
+typed together from their schemas before anything is read, by exact widening only.
 """
 
 from __future__ import annotations
@@ -16,10 +18,20 @@ import pyarrow as pa
 
 from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
-from shardinfer.input.formats.base import Format, Mark, Span, conform, empty_batch, schema_types, select, widened_fields
+from shardinfer.input.formats.base import (
+    Format,
+    Position,
+    Span,
+    conform,
+    empty_batch,
+    schema_types,
+    select,
+    widened_fields,
+)
 
 FILE_MAGIC = b"ARROW1"
 FEATHER_V1_MAGIC = b"FEA1"
+Batches = Iterator[tuple[Position | None, pa.RecordBatch]]
 
 
 def _kind(path: str) -> str:
@@ -32,8 +44,36 @@ def _kind(path: str) -> str:
     return "file" if head == FILE_MAGIC else "stream"
 
 
-def _stream_batches(source: pa.MemoryMappedFile) -> Iterator[pa.RecordBatch]:
-    yield from pa.ipc.open_stream(source)
+def file_batches(source: pa.MemoryMappedFile, span: Span | None) -> Batches:
+    """An IPC file's batches by number, from the span's to before its stop's, by the footer."""
+    reader = pa.ipc.open_file(source)
+    first = span.at["batch"] if span else 0
+    stop = reader.num_record_batches if span is None or span.stop is None else span.stop["batch"]
+    for k in range(first, stop):
+        yield {"batch": k}, reader.get_batch(k)
+
+
+def stream_batches(source: pa.MemoryMappedFile, span: Span | None) -> Batches:
+    """An IPC stream's batches, each with its message's byte offset, from the span's on (after
+    the schema, its first message) to before its stop's; from the start, without positions, when
+    dictionaries come in messages of their own."""
+    messages = pa.ipc.MessageReader.open_stream(source)
+    schema = pa.ipc.read_schema(messages.read_next_message())
+    if any(pa.types.is_dictionary(field.type) for field in schema):
+        source.seek(0)
+        yield from ((None, batch) for batch in pa.ipc.open_stream(source))
+        return
+    if span:
+        source.seek(span.at["byte"])
+        messages = pa.ipc.MessageReader.open_stream(source)
+    stop = None if span is None or span.stop is None else span.stop["byte"]
+    while stop is None or source.tell() < stop:
+        offset = source.tell()
+        try:
+            message = messages.read_next_message()
+        except StopIteration:
+            return
+        yield {"byte": offset}, pa.ipc.read_record_batch(message, schema)
 
 
 class Arrow(Format):
@@ -57,43 +97,28 @@ class Arrow(Format):
     def column_types(self, inp: InputSettings, fields: pa.Schema | None = None) -> dict[str, pa.DataType]:
         return schema_types(self._schema(inp.path), fields, inp.read_columns)
 
-    def _all_batches(self, path: str, first: int = 0) -> Iterator[tuple[int, pa.RecordBatch]]:
-        """(row of its first row, batch) for each batch that ends after row `first`."""
+    def raw_batches(self, path: str, span: Span | None = None) -> Batches:
+        """The file's batches as written, each with its position (`file_batches`, `stream_batches`)."""
         with pa.memory_map(path) as source:
-            if _kind(path) == "file":
-                reader = pa.ipc.open_file(source)
-                batches = (reader.get_batch(k) for k in range(reader.num_record_batches))
-            else:
-                batches = _stream_batches(source)
-            row = 0
-            for batch in batches:
-                if row + batch.num_rows > first:
-                    yield row, batch
-                row += batch.num_rows
+            yield from (file_batches if _kind(path) == "file" else stream_batches)(source, span)
 
-    def batches(self, inp: InputSettings, span: Span | None = None, fields: pa.Schema | None = None
-                ) -> Iterator[tuple[Mark | None, pa.RecordBatch]]:
-        for _, batch in self.read_range(inp, 0, float("inf"), None, fields):
-            yield None, batch
-
-    def read_range(self, inp: InputSettings, start: int, end: float, span: Span | None = None,
-                   fields: pa.Schema | None = None) -> Iterator[tuple[int, pa.RecordBatch]]:
+    def batches(self, inp: InputSettings, span: Span | None = None, fields: pa.Schema | None = None) -> Batches:
         columns = inp.read_columns
         with self.reading(inp.path):
-            for row, batch in self._all_batches(inp.path, start):
-                if row >= end:
-                    return
-                lo, hi = max(start, row), min(end, row + batch.num_rows)
-                if lo < hi:
-                    yield lo, conform(select(batch.slice(lo - row, hi - lo), columns), fields, columns)
+            for position, batch in self.raw_batches(inp.path, span):
+                yield position, conform(select(batch, columns), fields, columns)
 
     def count_rows(self, inp: InputSettings, fields: pa.Schema | None = None) -> int:
-        with self.reading(inp.path):
-            return sum(batch.num_rows for _, batch in self._all_batches(inp.path))
+        return self.rows_at_most(inp.path, 0)[0]
 
     def rows_at_most(self, path: str, enough: int) -> tuple[int, bool]:
         with self.reading(path):
-            return sum(batch.num_rows for _, batch in self._all_batches(path)), True
+            return sum(batch.num_rows for _, batch in self.raw_batches(path)), True
+
+    def write(self, table: pa.Table, path: str, block_rows: int) -> None:
+        """An IPC file (Feather V2, uncompressed), a record batch per `block_rows` rows."""
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table, max_chunksize=block_rows)
 
 
 FORMATS = (Arrow(),)

@@ -2,19 +2,26 @@
 
 No stage tests a format by its name. Discovery asks which format a file name or a folder is;
 the plan's scan asks for a file's columns, the types its parts are read in and its rows in
-batches (with marks where a shard may start reading); a shard job asks for a row range; staging
-asks how many rows its shards would read in place and for a copy they can read by range; the
-shard-count check asks for an exact or upper bound on the rows; gather asks for the row count.
-A format is one module in this package defining `FORMATS` (see `shardinfer.input.formats`).
+batches (each with the format's position where a shard may start reading); a shard job asks for
+a row range; staging asks how many rows its shards would read in place and for a copy they can
+read by range; the shard-count check asks for an exact or upper bound on the rows; gather asks
+for the row count. A format is one module in this package defining `FORMATS` (see
+`shardinfer.input.formats`); tests/test_format_contract.py holds every registered one to the
+contract (the same rows as Parquet, and a last shard that reads less than the whole file).
+
+A position is the format's own: a small JSON value (a text format's line and byte offset, an
+Arrow IPC file's batch number) that the plan stores and hands back to the format, and never
+reads. A format's settings are its own too: a frozen `FormatOptions` built from its section of
+the input (`input.csv: {delimiter: ";"}`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pyarrow as pa
 
@@ -30,31 +37,50 @@ def compressed(path: str) -> bool:
     return path.endswith(COMPRESSED_SUFFIXES)
 
 
+# A place in a file where a shard may start reading, as its format says it (JSON: numbers, strings,
+# lists and dicts of them); only the format reads it.
+Position = Any
+
+
 @dataclass(frozen=True)
 class Mark:
-    """Where a block of rows starts in a file: its first row, the file's line number there (JSONL
-    errors name absolute lines) and its byte offset (decompressed, for .gz)."""
+    """Where a shard may start reading a file: the format's `position` there, and `row`, the first
+    row (the file's own numbering) that reading from it gives."""
     row: int
-    line: int
-    byte: int
+    position: Position
 
 
 @dataclass(frozen=True)
 class Span:
-    """The part of a file that holds a shard's rows, from the plan: reading starts at `at` (at or
-    before the shard's first row) and stops at byte `stop` (a record boundary after its last row;
-    None: the file's end). `fields`: the types the file is read in, from the plan (JSONL: typed
-    over every part), so that no shard has to type them again by reading it all."""
-    at: Mark
-    stop: int | None
+    """The part of a file that holds a shard's rows, from the plan: reading starts at the format's
+    position `at`, where row `row` begins (at or before the shard's first row), and stops before
+    position `stop`, the first after its last row (None: the file's end). `fields`: the types the
+    file is read in, from the plan (JSONL: typed over every part), so that no shard has to type
+    them again by reading it all."""
+    row: int
+    at: Position
+    stop: Position | None
     fields: pa.Schema | None = None
 
     def to_json(self) -> dict:
-        return {"row": self.at.row, "line": self.at.line, "byte": self.at.byte, "stop_byte": self.stop}
+        return {"row": self.row, "at": self.at, "stop": self.stop}
 
     @classmethod
     def from_json(cls, data: dict, fields: pa.Schema | None) -> Span:
-        return cls(Mark(data["row"], data["line"], data["byte"]), data["stop_byte"], fields)
+        return cls(data["row"], data["at"], data["stop"], fields)
+
+
+@dataclass(frozen=True)
+class FormatOptions:
+    """A format's own settings: its section of the input (`input.csv: {delimiter: ";"}`), frozen.
+    A format without settings keeps this empty one; one with settings subclasses it (a field per
+    option, None when unset), names it as its `options_type`, checks the values in `check`, and
+    describes its section in the schema. The input's other formats' sections are refused when the
+    Snakefile loads (`shardinfer.input.formats.options_in`)."""
+
+    def check(self, key: Callable[[str], str]) -> None:
+        """Refuse a value the format cannot follow, in one line naming its key as configured
+        (`key("delimiter")`: `input.csv.delimiter`, or today's flat `input.delimiter`)."""
 
 
 class Format:
@@ -68,6 +94,23 @@ class Format:
     # (`folder_parts`); in a bucket, where only names are listed, such a folder is refused.
     folder_markers: ClassVar[tuple[str, ...]] = ()
 
+    # True: a shard can start reading only at the file's first row (the format yields no positions
+    # and reads no range by an index of its own), so every shard reads the file from its start up to
+    # its rows; the plan refuses shards that would so read a part many times over
+    # (`shardinfer.input.staging`). The contract test holds every other format to a last shard that
+    # reads less than the whole file.
+    reads_from_start: ClassVar[bool] = False
+    options_type: ClassVar[type[FormatOptions]] = FormatOptions
+
+    @property
+    def options_section(self) -> str:
+        """The input's key of this format's settings (`input.csv`): by default the format's name."""
+        return self.name
+
+    def options(self, inp: InputSettings) -> FormatOptions:
+        """This format's settings for the input, as its options object."""
+        return self.options_type(**inp.options)
+
     @contextmanager
     def reading(self, path: str) -> Iterator[None]:
         """Turn read errors into one line that names the file and this format."""
@@ -77,13 +120,7 @@ class Format:
             line = (str(error).strip().splitlines() or [type(error).__name__])[0]
             raise UserError(f"input `{path}`: cannot read it as {self.name}: {line}") from error
 
-    def check_settings(self, inp: InputSettings) -> None:
-        """Refuse input settings this format cannot follow, before any job runs."""
-        if inp.delimiter is not None:
-            raise UserError(f"input.delimiter is for delimited text (csv, tsv); input `{inp.path}` is {self.name}, "
-                            "so leave it out")
-
-    def folder_parts(self, folder: str, split: str | None) -> tuple[str, ...] | None:
+    def folder_parts(self, folder: str, options: FormatOptions) -> tuple[str, ...] | None:
         """The parts of a folder laid out in this format's own way (a Hugging Face dataset), in row
         order; None for a folder that is not (its table files are then found by extension)."""
         return None
@@ -99,19 +136,20 @@ class Format:
         return None
 
     def batches(self, inp: InputSettings, span: Span | None = None, fields: pa.Schema | None = None
-                ) -> Iterator[tuple[Mark | None, pa.RecordBatch]]:
+                ) -> Iterator[tuple[Position | None, pa.RecordBatch]]:
         """The read columns (`inp.read_columns`, duplicates kept) of the file `inp.path` in batches,
-        all its rows or its span's, each with the mark where a shard could start reading it (None:
-        the format needs none, it reads any row range directly)."""
+        all its rows or its span's, each with the position where a shard could start reading to
+        get it (the same for the batches of one block; None: the format needs none, it reads any
+        row range directly, or it `reads_from_start`)."""
         raise NotImplementedError
 
     def read_range(self, inp: InputSettings, start: int, end: int, span: Span | None = None,
                    fields: pa.Schema | None = None) -> Iterator[tuple[int, pa.RecordBatch]]:
         """Rows [start, end) as (row number of the batch's first row, batch): by default from the
-        span's mark (or the start), the rows before `start` passed over."""
+        span's position (or the start), the rows before `start` passed over."""
         if start >= end:
             return
-        offset = span.at.row if span else 0
+        offset = span.row if span else 0
         if offset > start:
             raise ValueError(f"span starts at row {offset}, after the range's first row {start}")
         yield from rows_between((batch for _, batch in self.batches(inp, span, fields)), offset, start, end)
@@ -140,13 +178,21 @@ class Format:
         return None
 
     def rows_read(self, path: str, held: Held) -> int:
-        """Rows its shards would read of the file in place: by default exactly their ranges."""
-        return sum(hi - lo for lo, hi in held)
+        """Rows its shards would read of the file in place: by default exactly their ranges, or
+        from the file's start to each range's end for a format that `reads_from_start`."""
+        return sum(hi if self.reads_from_start else hi - lo for lo, hi in held)
 
     def stage(self, inp: InputSettings, path: str, held: Held, target: Path) -> tuple[str, tuple[str, ...] | None]:
         """Write a copy of the part that its shards can read by range to `target`; returns the
         copy's content digest and the columns it holds (None: all of the part's)."""
         raise NotImplementedError(f"{self.name} parts are never staged")
+
+    def write(self, table: pa.Table, path: str, block_rows: int) -> None:
+        """Write `table` as a file (or folder) of this format at `path`, in blocks of about
+        `block_rows` rows where the writer sets them (row groups, record batches, stripes; a text
+        format's blocks are its reader's): the samples of tests/test_format_contract.py and of
+        scripts/load_check.py, so that a new format is covered by adding its module."""
+        raise NotImplementedError(f"{self.name} writes no sample")
 
 
 def rows_between(batches: Iterator[pa.RecordBatch], offset: int, start: int, end: int

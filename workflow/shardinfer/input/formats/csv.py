@@ -1,14 +1,16 @@
 """CSV and TSV: a header line, then one record per line; a quoted value may hold line breaks.
 
 CSV has no types: the read columns are the strings they are ("02139" stays "02139"). A `.tsv`
-file is the same with a tab between values; `input.delimiter` names any other one-character
-separator (`;`, `|`) for either. Records are cut by this module, as Arrow's parser reads them:
-a line break inside a quoted value is part of the value, so a shard may start at any record.
+file is the same with a tab between values; `input.csv.delimiter` (or today's `input.delimiter`)
+names any other one-character separator (`;`, `|`) for either. Records are cut by this module, as
+Arrow's parser reads them: a line break inside a quoted value is part of the value, so a shard may
+start at any record.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -16,8 +18,8 @@ import pyarrow.csv as pacsv
 
 from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
-from shardinfer.input.formats.base import Mark, empty_batch
-from shardinfer.input.formats.text_blocks import BlockParser, TextFormat, opened_at
+from shardinfer.input.formats.base import FormatOptions, Position, empty_batch
+from shardinfer.input.formats.text_blocks import Reader, TextFormat, opened_at, position
 
 QUOTE, LF, CR = (ord(c) for c in '"\n\r')
 
@@ -80,21 +82,28 @@ def _walk_quotes(quotes: np.ndarray, at_start: np.ndarray) -> tuple[np.ndarray, 
     return np.array(opens, dtype=np.int64), np.array(closes, dtype=np.int64)
 
 
+@dataclass(frozen=True)
+class CsvOptions(FormatOptions):
+    """`input.csv`: the one character between values (None: the format's own, `,` or a tab)."""
+    delimiter: str | None = None
+
+    def check(self, key: Callable[[str], str]) -> None:
+        """A delimiter is one character that is not a quote or a line break (Arrow's rule)."""
+        if self.delimiter is not None and (len(self.delimiter) != 1 or self.delimiter in '"\r\n'):
+            raise UserError(f"{key('delimiter')} {self.delimiter!r} is not allowed: one character other than a quote "
+                            "or a line break, e.g. `;`, `|` or a tab")
+
+
 class Csv(TextFormat):
     name = "csv"
     extensions = (".csv",)
     default_delimiter = ","
     blank = b"\r\n"  # Arrow reads a line of spaces as a row: only empty lines hold none
     header_lines = 1
+    options_type = CsvOptions
 
     def delimiter(self, inp: InputSettings) -> str:
-        return inp.delimiter or self.default_delimiter
-
-    def check_settings(self, inp: InputSettings) -> None:
-        """A delimiter is one character that is not a quote or a line break (Arrow's rule)."""
-        if inp.delimiter is not None and (len(inp.delimiter) != 1 or inp.delimiter in '"\r\n'):
-            raise UserError(f"input.delimiter {inp.delimiter!r} is not allowed: one character other than a quote "
-                            "or a line break, e.g. `;`, `|` or a tab")
+        return self.options(inp).delimiter or self.default_delimiter
 
     def column_names(self, inp: InputSettings, fields: pa.Schema | None = None) -> list[str]:
         with self.reading(inp.path):
@@ -105,7 +114,7 @@ class Csv(TextFormat):
         columns = inp.read_columns
         return empty_batch(pa.schema([(column, pa.string()) for column in dict.fromkeys(columns)]), columns)
 
-    def header(self, path: str, delimiter: str) -> tuple[list[str], Mark]:
+    def header(self, path: str, delimiter: str) -> tuple[list[str], Position]:
         """The header's column names and where the rows begin (a header may hold a quoted newline)."""
         data, end, size = b"", 0, 1 << 12  # every shard reads the header: a small read, doubled while it does not end
         with opened_at(path, 0) as stream:
@@ -115,9 +124,9 @@ class Csv(TextFormat):
         header = data[:end] if end else data
         options = pacsv.ParseOptions(newlines_in_values=True, delimiter=delimiter)
         names = pacsv.read_csv(pa.BufferReader(header), parse_options=options).column_names
-        return names, Mark(0, 1 + header.count(b"\n"), len(header))
+        return names, position(1 + header.count(b"\n"), len(header))
 
-    def reader(self, inp: InputSettings, fields: pa.Schema | None) -> tuple[Callable[[bytes], int], BlockParser, Mark]:
+    def reader(self, inp: InputSettings, fields: pa.Schema | None) -> Reader:
         delimiter = self.delimiter(inp)
         names, rows_begin = self.header(inp.path, delimiter)
         columns = list(dict.fromkeys(inp.read_columns))
@@ -134,12 +143,19 @@ class Csv(TextFormat):
 
         return cut, parsed, rows_begin
 
+    def write(self, table: pa.Table, path: str, block_rows: int) -> None:
+        pacsv.write_csv(table, path, pacsv.WriteOptions(delimiter=self.default_delimiter, quoting_style="needed"))
+
 
 class Tsv(Csv):
     """CSV with a tab between values, as `.tsv` files (and spreadsheet exports) hold them."""
     name = "tsv"
     extensions = (".tsv", ".tab")
     default_delimiter = "\t"
+
+    @property
+    def options_section(self) -> str:  # CSV's settings: `input.csv.delimiter` reads a .tsv file too
+        return "csv"
 
 
 FORMATS = (Csv(), Tsv())

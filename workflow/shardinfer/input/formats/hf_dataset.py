@@ -5,19 +5,25 @@ The rows are the dataset's, in its order: the data files in the order `state.jso
 (save_to_disk writes a shuffled or selected dataset with its indices applied). The JSON files
 are passed over. A `DatasetDict` folder (`dataset_dict.json`, a sub-folder per split) is never
 read as one table, since concatenating its splits silently would mix train and test: name one
-split with `input.split`, or run several as named inputs, one per split (`inputs: {train: {path:
-data/ds, split: train}, test: {path: data/ds, split: test}}`), each planned, sharded and proven
-on its own. Read with pyarrow alone: `datasets` need not be installed.
+split with `input.hf_dataset.split` (or today's `input.split`), or run several as named inputs,
+one per split (`inputs: {train: {path: data/ds, split: train}, test: {path: data/ds, split:
+test}}`), each planned, sharded and proven on its own. Read with pyarrow alone: `datasets` need
+not be installed (it writes the samples, `write`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
+
+import pyarrow as pa
 
 from shardinfer.errors import UserError
 from shardinfer.input.formats.arrow import Arrow
+from shardinfer.input.formats.base import FormatOptions
 
 STATE = "state.json"
 SPLITS = "dataset_dict.json"
@@ -39,14 +45,22 @@ def _data_files(folder: str) -> tuple[str, ...]:
     return files
 
 
+@dataclass(frozen=True)
+class HfDatasetOptions(FormatOptions):
+    """`input.hf_dataset`: the split of a DatasetDict folder to read (None: the folder is one dataset)."""
+    split: str | None = None
+
+
 class HfDataset(Arrow):
     """A `save_to_disk` folder, found by its `state.json`; its files are read as Arrow streams."""
 
     name = "hf_dataset"
     extensions = ()  # found by its folder, not by a file's name
     folder_markers = (STATE, SPLITS)
+    options_type = HfDatasetOptions
 
-    def folder_parts(self, folder: str, split: str | None) -> tuple[str, ...] | None:
+    def folder_parts(self, folder: str, options: HfDatasetOptions) -> tuple[str, ...] | None:
+        split = options.split
         if os.path.isfile(os.path.join(folder, SPLITS)):
             return self._split_parts(folder, split)
         if not os.path.isfile(os.path.join(folder, STATE)):
@@ -55,6 +69,13 @@ class HfDataset(Arrow):
             raise UserError(f"input.split `{split}`: input.path `{folder}` is one dataset, not a DatasetDict "
                             "with splits; leave input.split out")
         return _data_files(folder)
+
+    def write(self, table: pa.Table, path: str, block_rows: int) -> None:
+        """A `save_to_disk` folder, a data file per `block_rows` rows, by `datasets` itself."""
+        import datasets
+
+        datasets.disable_progress_bars()
+        datasets.Dataset(table).save_to_disk(path, num_shards=max(1, math.ceil(table.num_rows / block_rows)))
 
     def _split_parts(self, folder: str, split: str | None) -> tuple[str, ...]:
         splits = _splits(folder)

@@ -9,19 +9,18 @@ and all shards write one schema. Errors name the file's line.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
-from collections.abc import Callable
 
 import pyarrow as pa
 import pyarrow.json as pajson
 
 from shardinfer.config import InputSettings
 from shardinfer.errors import UserError
-from shardinfer.input.formats.base import Mark
-from shardinfer.input.formats.text_blocks import BlockParser, TextFormat, blocks, line_cut
+from shardinfer.input.formats.text_blocks import Reader, TextFormat, blocks, line_cut, position
 
-START = Mark(0, 1, 0)
+START = position(1, 0)
 
 
 class FieldConflict(Exception):
@@ -131,10 +130,16 @@ class Jsonl(TextFormat):
                                 f"{conflict.before} in the parts before it; give it one type") from None
         return fields
 
-    def reader(self, inp: InputSettings, fields: pa.Schema | None) -> tuple[Callable[[bytes], int], BlockParser, Mark]:
+    def reader(self, inp: InputSettings, fields: pa.Schema | None) -> Reader:
         fields = file_fields(inp.path) if fields is None else fields
         schema = pa.schema([fields.field(c) for c in dict.fromkeys(inp.read_columns)])
         return line_cut, lambda line, block: parse_block(inp.path, line, block, schema), START
+
+    def write(self, table: pa.Table, path: str, block_rows: int) -> None:
+        """One JSON object per row (`json.dumps` of its values: a sample, not a fast writer)."""
+        with open(path, "w", encoding="utf-8") as sink:
+            for batch in table.to_batches(max_chunksize=max(block_rows, 1)):
+                sink.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in batch.to_pylist())
 
 
 FORMATS = (Jsonl(),)

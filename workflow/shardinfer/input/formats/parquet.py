@@ -22,7 +22,6 @@ from shardinfer.contract.file_digest import file_digest
 from shardinfer.input.formats.base import (
     Format,
     Held,
-    Mark,
     Span,
     conform,
     empty_batch,
@@ -77,7 +76,8 @@ class Parquet(Format):
         return schema_types(self._schema(inp.path), fields, inp.read_columns)
 
     def batches(self, inp: InputSettings, span: Span | None = None, fields: pa.Schema | None = None,
-                row_groups: list[int] | None = None) -> Iterator[tuple[Mark | None, pa.RecordBatch]]:
+                row_groups: list[int] | None = None) -> Iterator[tuple[None, pa.RecordBatch]]:
+        """No positions: a shard reads the row groups that hold its rows by the footer (`read_range`)."""
         columns = inp.read_columns
         with self.reading(inp.path):
             for batch in parquet_batches(inp.path, list(dict.fromkeys(columns)), row_groups):
@@ -118,6 +118,9 @@ class Parquet(Format):
             for group in _row_groups(self._read(path, columns), [hi for _, hi in held]):
                 writer.write_table(group, row_group_size=group.num_rows)
         return file_digest(str(target)), tuple(columns)
+
+    def write(self, table: pa.Table, path: str, block_rows: int) -> None:
+        pq.write_table(table, path, row_group_size=block_rows)
 
     def _read(self, path: str, columns: list[str]) -> Iterator[pa.RecordBatch]:
         """The part's batches, read faults named as the input's (the writer's pass through)."""

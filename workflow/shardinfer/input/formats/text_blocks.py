@@ -2,9 +2,10 @@
 shards seek to, staging by decompressing, and a row bound from line breaks.
 
 A text file is read in blocks of whole records (BLOCK_BYTES each, cut here, not by Arrow: a CSV
-value may hold a quoted newline). The plan's scan marks where each block starts (row, line,
-byte); a shard then seeks to the last mark at or before its first row and stops at the first
-mark after its last (`Span`), so all shards together read the file about once. A compressed file
+value may hold a quoted newline). A block's position is where it starts, `{"line": l, "byte": b}`
+(its line number, for errors that name the file's line, and its byte offset, decompressed for
+.gz); a shard seeks to the last block at or before its first row and stops at the first one
+after its last (the plan's `Span`), so all shards together read the file about once. A compressed file
 cannot seek: read in place, a shard decompresses it from the start and drops the bytes before its
 span (decompressing only; nothing before the span is parsed). Where that would make its shards
 read it many times over, the plan stages a decompressed copy (`shardinfer.input.staging`).
@@ -23,12 +24,25 @@ import pyarrow as pa
 from shardinfer.atomic import atomic_path
 from shardinfer.config import InputSettings
 from shardinfer.contract.file_digest import CHUNK_BYTES, DIGEST_ALGORITHM
-from shardinfer.input.formats.base import Format, Held, Mark, Span, compressed, select
+from shardinfer.input.formats.base import Format, Held, Position, Span, compressed, select
 
 BLOCK_BYTES = 1 << 20  # the parsing unit, and so how far before its rows a shard may start reading
 LINE_CHUNK_BYTES = 1 << 22
 
 BlockParser = Callable[[int, bytes], pa.Table]  # (the block's first line, its bytes) -> its rows
+Reader = tuple[Callable[[bytes], int], BlockParser, Position]  # how to cut blocks, parse one, where rows begin
+
+
+def position(line: int, byte: int) -> Position:
+    """Where a block starts: its line number (from 1) and its byte offset."""
+    return {"line": line, "byte": byte}
+
+
+def span_of_plan_v6(data: dict, fields: pa.Schema | None) -> Span:
+    """A span as plans of version 6 wrote it, `{row, line, byte, stop_byte}`: only the text formats
+    had spans then, so it is a text span (a stop needs only its byte)."""
+    stop = data["stop_byte"]
+    return Span(data["row"], position(data["line"], data["byte"]), None if stop is None else {"byte": stop}, fields)
 
 
 @contextmanager
@@ -43,16 +57,16 @@ def opened_at(path: str, byte: int) -> Iterator[pa.NativeFile]:
         yield stream
 
 
-def blocks(path: str, cut: Callable[[bytes], int], at: Mark, stop: int | None,
+def blocks(path: str, cut: Callable[[bytes], int], at: Position, stop: int | None,
            blank: bytes | None = None) -> Iterator[tuple[int, int, bytes]]:
-    """The file from `at` to `stop` in blocks of whole records, each with its byte offset and line
+    """The file from position `at` to byte `stop` in blocks of whole records, each with its byte offset and line
     number; `cut(data)` says where the last whole record in `data` ends (0: none yet). Blocks of
     nothing but `blank` bytes (None: whitespace) are passed over: for CSV only line breaks, since
     Arrow reads a line of spaces as a row. A record longer than a block makes the next read as
     long as all that is pending, so that even a huge value is cut in linear time."""
-    byte, line, carry = at.byte, at.line, b""
-    left = float("inf") if stop is None else stop - at.byte
-    with opened_at(path, at.byte) as stream:
+    byte, line, carry = at["byte"], at["line"], b""
+    left = float("inf") if stop is None else stop - byte
+    with opened_at(path, byte) as stream:
         while data := stream.read(min(max(BLOCK_BYTES, len(carry)), left)):
             left -= len(data)
             data = carry + data
@@ -88,8 +102,8 @@ class TextFormat(Format):
     blank: ClassVar[bytes | None] = None  # bytes a block of nothing else holds no row of
     header_lines: ClassVar[int] = 0  # lines before the rows that hold no row (CSV: its header)
 
-    def reader(self, inp: InputSettings, fields: pa.Schema | None) -> tuple[Callable[[bytes], int], BlockParser, Mark]:
-        """How to cut the file's blocks, how to parse one, and where its rows begin."""
+    def reader(self, inp: InputSettings, fields: pa.Schema | None) -> Reader:
+        """How to cut the file's blocks, how to parse one, and the position where its rows begin."""
         raise NotImplementedError
 
     @property
@@ -97,16 +111,13 @@ class TextFormat(Format):
         return f".{self.name}"
 
     def batches(self, inp: InputSettings, span: Span | None = None, fields: pa.Schema | None = None
-                ) -> Iterator[tuple[Mark, pa.RecordBatch]]:
+                ) -> Iterator[tuple[Position, pa.RecordBatch]]:
         with self.reading(inp.path):
             cut, parse, rows_begin = self.reader(inp, fields if fields is not None else span and span.fields)
-            at, stop = (span.at, span.stop) if span else (rows_begin, None)
-            row = at.row
+            at, stop = (span.at, span.stop and span.stop["byte"]) if span else (rows_begin, None)
             for byte, line, block in blocks(inp.path, cut, at, stop, self.blank):
-                mark = Mark(row, line, byte)
                 for batch in parse(line, block).to_batches():
-                    yield mark, select(batch, inp.read_columns)
-                    row += batch.num_rows
+                    yield position(line, byte), select(batch, inp.read_columns)
 
     def rows_at_most(self, path: str, enough: int) -> tuple[int, bool] | None:
         """Its lines, less the header's: a bound (a blank line or a quoted newline is not a row).
