@@ -53,7 +53,7 @@ on_python_path(package_root())
 
 from shardinfer.auto_shards import RESOLVED_VAR, resolve_auto_shards, uses_auto
 from shardinfer.checks import check_input_keys, check_storage_inputs, schema_errors
-from shardinfer.configure import input_paths
+from shardinfer.configure import input_paths, own_outputs_notes
 from shardinfer.errors import UserError
 from shardinfer.input.bucket import bucket_listing
 from shardinfer.input.shard_bound import shard_count_note
@@ -107,21 +107,20 @@ def load_inputs(config):
         if STORAGE:
             check_storage_inputs(config)
         auto = resolve_auto(config)
+        listed = listed_in_bucket(config)
         inputs, model = jobs_by_input(
-            config,
-            STORAGE,
-            workflow.is_main_process,
-            auto and auto.count,
-            listed_in_bucket(config),
+            config, STORAGE, workflow.is_main_process, auto and auto.count, listed
         )
         if STORAGE:
             # The model's files, handed on to the jobs (set by now: shardinfer.stored_model).
             workflow.register_envvars(HANDED_VAR)
     except UserError as error:
         refuse(error)
-    note = shard_count_note(sum(run.shards for run in inputs.values()))
-    if note and workflow.is_main_process:  # not again in each job of a cluster run
-        logger.warning(note)
+    if workflow.is_main_process:  # not again in each job of a cluster run
+        notes = own_outputs_notes(config, listed)
+        notes.append(shard_count_note(sum(run.shards for run in inputs.values())))
+        for note in filter(None, notes):
+            logger.warning(note)
     return inputs, auto, model
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from shardinfer.auto_shards import AUTO
 from shardinfer.config import BatchSettings, EvaluateSettings, InputSettings, ModelSettings, RowErrorSettings, Settings
 from shardinfer.errors import UserError
-from shardinfer.input.discovery import resolve_input
+from shardinfer.input.discovery import OWN_FOLDERS, own_outputs_passed_over, resolve_input
 from shardinfer.input.formats import format_named, options_in
 from shardinfer.tasks import TASKS, task_class
 
@@ -34,6 +34,19 @@ def settings_by_input(config: dict, auto_shards: int | None = None,
 def input_paths(config: dict) -> list[str]:
     """`input.path`, or each of the `inputs`' paths."""
     return [config["input"]["path"]] if "input" in config else [inp["path"] for inp in config["inputs"].values()]
+
+
+def own_outputs_notes(config: dict, listed: dict[str, list[str]] | None = None) -> list[str]:
+    """A line for each input path whose folder or glob also reaches the workflow's own files, which
+    were passed over (`shardinfer.input.discovery`); `listed`: as for `settings_from_config`."""
+    notes = []
+    for path in dict.fromkeys(input_paths(config)):
+        passed = own_outputs_passed_over(path, None if listed is None else listed[path])
+        if passed:
+            folders = ", ".join(f"{folder}/" for folder in OWN_FOLDERS)
+            notes.append(f"shardinfer: input.path `{path}` also matches {len(passed)} file(s) in the workflow's own "
+                         f"folders (first: {passed[0]}), passed over: nothing in {folders} is input")
+    return notes
 
 
 def settings_from_config(config: dict, name: str | None = None, auto_shards: int | None = None,
