@@ -14,9 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from factory import python_env
-from shardinfer.atomic import atomic_parquet_writer, partial_path
+from shardinfer.atomic import HOST, atomic_parquet_writer, attempt_path, remove_dead_attempts
 from shardinfer.contract.row_files import staging_folder
 from shardinfer.errors import UserError
+from shardinfer.proof.prove import refuse_stray_files
 from shardinfer.shard.row_files import staged_files
 
 SCHEMA = pa.schema([("index", pa.int64())])
@@ -45,7 +46,12 @@ def test_a_kill_at_any_point_leaves_no_complete_looking_file(tmp_path, point):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, env=python_env())
     assert result.returncode == -signal.SIGKILL
     assert not path.exists()
-    assert partial_path(path).exists()  # the leftover's name says it is partial; the rerun replaces it
+    # the leftover's name says it is partial, and whose: the next attempt removes it (its process is gone)
+    leftovers = list(tmp_path.glob(".3.parquet.*.partial"))
+    assert [p.name for p in leftovers] == [f".3.parquet.{HOST}-{leftovers[0].name.split('-')[-1]}"]
+    with atomic_parquet_writer(path, SCHEMA) as writer:
+        writer.write_table(pa.table({"index": [1]}))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["3.parquet"]
 
 
 def test_a_successful_write_is_complete(tmp_path):
@@ -53,7 +59,7 @@ def test_a_successful_write_is_complete(tmp_path):
     with atomic_parquet_writer(path, SCHEMA) as writer:
         writer.write_table(pa.table({"index": [1, 2]}))
     assert pq.read_table(path).column("index").to_pylist() == [1, 2]
-    assert not partial_path(path).exists()
+    assert not attempt_path(path).exists()
 
 
 def test_a_shard_commits_its_table_closed_then_its_files_folder_then_the_table(tmp_path, monkeypatch):
@@ -64,7 +70,7 @@ def test_a_shard_commits_its_table_closed_then_its_files_folder_then_the_table(t
 
     def recorded(src, dst):
         if Path(dst) == files:
-            assert pq.read_metadata(partial_path(table)).num_rows == 2  # closed: its footer is written
+            assert pq.read_metadata(attempt_path(table)).num_rows == 2  # closed: its footer is written
             assert not table.exists()
         renames.append(Path(dst))
         real_replace(src, dst)
@@ -111,11 +117,11 @@ def test_a_full_disk_is_one_line_naming_the_file_leaves_nothing_and_keeps_the_ol
     target = tmp_path / "shards" / "0.parquet"
     target.parent.mkdir()
     pq.write_table(pa.table({"index": [7]}), target)
-    partial_path(target).symlink_to("/dev/full")
+    attempt_path(target).symlink_to("/dev/full")
     with pytest.raises(UserError, match=rf"no space left on the device while writing `{target}`; free space") as caught:
         with atomic_parquet_writer(target, SCHEMA) as writer:
             writer.write_table(pa.table({"index": list(range(100_000))}))
-    assert "\n" not in str(caught.value) and not partial_path(target).exists()
+    assert "\n" not in str(caught.value) and not attempt_path(target).exists()
     assert pq.read_table(target).column("index").to_pylist() == [7]
 
     folder = tmp_path / "files"
@@ -124,3 +130,44 @@ def test_a_full_disk_is_one_line_naming_the_file_leaves_nothing_and_keeps_the_ol
     with pytest.raises(UserError, match=r"no space left on the device while writing `.*000000007.png`"):
         with staged_files(str(folder), {"image": ".png"}) as files:
             files.write("image", [b"x" * 10], np.array([7]))
+
+
+SECOND_WRITER = """
+import sys
+import pyarrow as pa
+from shardinfer.atomic import atomic_parquet_writer
+with atomic_parquet_writer({path!r}, pa.schema([("index", pa.int64())])) as writer:
+    writer.write_table(pa.table({{"index": [2, 2]}}))
+    print("written", flush=True)
+    sys.stdin.readline()  # commits once told to, after the other writer committed
+"""
+
+
+def test_two_attempts_at_one_file_at_once_each_write_their_own_and_both_commit(tmp_path):
+    """Two runs in one folder after `snakemake --unlock`: the same shard's jobs at once. Each writes
+    its own temporary file; whichever commits last leaves a whole file (never one renamed away
+    from under the other, or two writers in one file)."""
+    path = tmp_path / "0.parquet"
+    other = subprocess.Popen([sys.executable, "-c", SECOND_WRITER.format(path=str(path))], env=python_env(),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert other.stdout.readline() == "written\n"
+    with atomic_parquet_writer(path, SCHEMA) as writer:
+        writer.write_table(pa.table({"index": [1]}))
+    assert pq.read_table(path).column("index").to_pylist() == [1]
+    other.communicate("commit\n", timeout=60)
+    assert other.returncode == 0
+    assert pq.read_table(path).column("index").to_pylist() == [2, 2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0.parquet"]
+
+
+def test_leftovers_of_dead_attempts_are_removed_and_the_others_left_where_gather_passes_over_them(tmp_path):
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    path = tmp_path / "shards" / "0.parquet"
+    path.parent.mkdir()
+    dead, running, elsewhere, old = (path.parent / f".0.parquet.{name}.partial" for name in (
+        f"{HOST}-{gone.stdout.strip()}", f"{HOST}-{os.getppid()}", f"{HOST}x-{gone.stdout.strip()}", "x"))
+    for leftover in (dead, running, elsewhere, old, path.parent / ".10.parquet.x-1.partial"):
+        leftover.write_bytes(b"a killed attempt's leftover")
+    assert remove_dead_attempts(path) == [dead]
+    pq.write_table(pa.table({"index": [0]}), path)
+    refuse_stray_files([str(path)])  # gather passes over the leftovers it cannot tell are dead

@@ -1,6 +1,10 @@
 """Files that appear complete or not at all: write beside the target, fsync, then rename.
 
-A job killed mid-write leaves only a `.<name>.partial` file, which no later step reads.
+Each attempt writes its own temporary file, `.<name>.<host>-<pid>.partial` (`attempt_path`): two
+runs in one folder (after `snakemake --unlock`) never write into one file or rename it from under
+each other. A job killed mid-write leaves only its temporary file, which no later step reads (gather
+passes over hidden `.partial` names); the next attempt at the same file on that host removes those
+of processes that are gone.
 """
 
 from __future__ import annotations
@@ -8,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,8 +25,47 @@ from shardinfer.errors import UserError
 FULL = ("No space left on device", "Disk quota exceeded")  # as Arrow's IO errors say it, without an errno
 
 
+PARTIAL = ".partial"  # what every temporary name ends with, hidden (a leading `.`) as well
+HOST = socket.gethostname()
+
+
 def partial_path(path: Path) -> Path:
-    return path.parent / f".{path.name}.partial"
+    """A staging name beside `path` that every attempt shares (a shard's folder of files per row,
+    which a rerun resumes from): hidden, ending in PARTIAL."""
+    return path.parent / f".{path.name}{PARTIAL}"
+
+
+def attempt_path(path: Path) -> Path:
+    """This process's temporary file for `path` (an attempt is a process: one writer of a file each)."""
+    return path.parent / f".{path.name}.{HOST}-{os.getpid()}{PARTIAL}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
+def remove_dead_attempts(path: Path) -> list[Path]:
+    """Remove the temporary files of earlier attempts at `path` whose process on this host is gone
+    (killed mid-write); another host's, or a running process's, are left, as gather leaves them."""
+    prefix, removed = f".{path.name}.", []
+    for entry in path.parent.iterdir() if path.parent.is_dir() else ():
+        name = entry.name
+        if not (name.startswith(prefix) and name.endswith(PARTIAL)) or len(name) <= len(prefix) + len(PARTIAL):
+            continue
+        host, _, pid = name[len(prefix):-len(PARTIAL)].rpartition("-")
+        if host == HOST and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            try:
+                entry.unlink()
+            except OSError:  # gone meanwhile (another attempt removed it), or not a file: left
+                continue
+            removed.append(entry)
+    return removed
 
 
 def fsync_folder(folder: Path) -> None:
@@ -63,7 +107,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path to write; on success it replaces `path`, on error it is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = partial_path(path)
+    remove_dead_attempts(path)
+    tmp = attempt_path(path)
     try:
         with naming_full_disk(path):
             yield tmp
