@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import patience
 import reference
 from factory import (
     input_frame,
@@ -244,18 +245,34 @@ def test_null_texts_are_reported_on_the_terminal_and_shell_syntax_in_paths_is_on
     assert not list(tmp_path.rglob("PWNED*"))
 
 
-def test_a_read_only_results_folder_is_one_line_before_any_job(models, tmp_path):
-    # results/ is a read-only mount in a mount namespace of its own: the kernel refuses every
+@pytest.mark.parametrize("folder", ["results", "results/shards", "logs/infer"])
+def test_a_read_only_folder_the_run_writes_is_one_line_before_any_job(models, tmp_path, folder):
+    """results/, or a folder below it or below logs/ that a rule writes into (the others writable):
+    refused when the Snakefile loads, naming it, instead of a traceback at the first job that writes there."""
+    # the folder is a read-only mount in a mount namespace of its own: the kernel refuses every
     # write there, root's too (a chmod would not stop root)
     path = write_input(input_frame(10), tmp_path / "data" / "input.parquet")
-    (tmp_path / "results").mkdir()
+    (tmp_path / folder).mkdir(parents=True)
     command, env = prepare_workdir(tmp_path, workflow_config(path, models.classifier, shards=2))
     if shutil.which("unshare") is None and not os.environ.get("CI"):
         pytest.skip("unshare (util-linux) is not installed")
-    mounted = ["unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o ro tmpfs results && exec "$@"', "sh", *command]
-    result = subprocess.run(mounted, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    mounted = ["unshare", "-rm", "sh", "-c", f'mount -t tmpfs -o ro tmpfs {folder} && exec "$@"', "sh", *command]
+    result = patience.run(mounted, cwd=tmp_path, env=env, watch=[tmp_path])
     lines = [line for line in (result.stdout + result.stderr).splitlines()
              if line.strip() and not line.startswith("Using workflow specific profile")]
     assert result.returncode == 1 and lines == [
-        "ERROR: `results/` is not writable (Read-only file system): the workflow writes its plan, shards and "
-        "predictions under results/ and its logs under logs/; make `results/` writable, or run from another folder"]
+        f"ERROR: `{folder}/` is not writable (Read-only file system): the workflow writes its plan, shards and "
+        f"predictions under results/ and its logs under logs/; make `{folder}/` writable, or run from another folder"]
+
+
+def test_the_folders_checked_are_those_the_rules_write_into_top_first(tmp_path, monkeypatch):
+    from shardinfer.checks import written_folders
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results" / "val" / "staged").mkdir(parents=True)  # a folder output, there from an earlier run
+    patterns = ["results/{name}/shards/{shard}.parquet", "logs/{name}/infer/{shard}.log", "results/{name}/staged",
+                "results/tokens/k1/{shard}.parquet", "/elsewhere/{shard}.txt", "results/{name}/plan.json"]
+    assert written_folders(patterns, ["val", "test"]) == [
+        "logs", "results", "logs/test", "logs/val", "results/test", "results/tokens", "results/val",
+        "logs/test/infer", "logs/val/infer", "results/test/shards", "results/tokens/k1", "results/val/shards",
+        "results/val/staged"]

@@ -52,7 +52,13 @@ def on_python_path(root):
 on_python_path(package_root())
 
 from shardinfer.auto_shards import RESOLVED_VAR, resolve_auto_shards, uses_auto
-from shardinfer.checks import check_input_keys, check_storage_inputs, schema_errors
+from shardinfer.checks import (
+    check_input_keys,
+    check_storage_inputs,
+    check_writable,
+    schema_errors,
+    written_folders,
+)
 from shardinfer.configure import input_paths, own_outputs_notes
 from shardinfer.errors import UserError
 from shardinfer.input.bucket import bucket_listing
@@ -122,6 +128,23 @@ def load_inputs(config):
         for note in filter(None, notes):
             logger.warning(note)
     return inputs, auto, model
+
+
+def check_written_folders():
+    """Before any job (the Snakefile calls it once every rule is defined): each existing folder that
+    a rule writes an output, log or benchmark into takes a new file, else one line names it (a
+    read-only results/shards/ is Snakemake's traceback at the first shard job otherwise).
+    """
+    if not workflow.is_main_process:
+        return
+    products = [product for rule in workflow.rules for product in rule.products()]
+    local = [
+        str(p) for p in products if not getattr(p, "flags", {}).get("storage_object")
+    ]
+    try:
+        check_writable(written_folders(local, INPUTS))
+    except UserError as error:
+        refuse(error)
 
 
 def listed_in_bucket(config):

@@ -4,8 +4,10 @@ needs is checked by the task (`Task.check_settings`); this module names no task.
 
 from __future__ import annotations
 
+import os
 import re
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from shardinfer.config import InputSettings, Settings
@@ -63,7 +65,28 @@ def check_input_keys(config: dict) -> None:
                             "`_` and `-` only (it names the folders results/<name>/ and logs/<name>/)")
 
 
-def check_writable(folders: tuple[str, ...] = ("results", "logs")) -> None:
+# The folders in the working directory that the workflow's rules write under: their outputs, logs and
+# benchmarks (without a shared filesystem, the outputs are in the bucket; only what is local is checked).
+WRITTEN_UNDER = ("results", "logs")
+
+
+def written_folders(patterns: Iterable[str], names: Iterable[str | None]) -> list[str]:
+    """The folders that the rules' products (`patterns`: outputs, logs and benchmarks, `{name}` filled
+    with each input's name, None for the one `input`) are written into, and those between them and
+    the working directory, top first, under WRITTEN_UNDER: where Snakemake makes, removes and
+    renames files. A folder that is itself an output (results/staged) is in it when it exists."""
+    folders = set(WRITTEN_UNDER)
+    for pattern in patterns:
+        for name in names:
+            literal = (pattern if name is None else pattern.replace("{name}", name)).split("{", 1)[0]
+            folder = literal.rstrip("/") if literal.endswith("/") or os.path.isdir(literal) else os.path.dirname(literal)
+            parts = Path(os.path.normpath(folder)).parts if folder else ()
+            if parts[:1] and parts[0] in WRITTEN_UNDER:
+                folders.update(os.path.join(*parts[:depth]) for depth in range(1, len(parts) + 1))
+    return sorted(folders, key=lambda folder: (folder.count(os.sep), folder))
+
+
+def check_writable(folders: Iterable[str] = WRITTEN_UNDER) -> None:
     """Each of the workflow's output folders that exists takes a new file, tried for real (a
     read-only mount refuses even root): else Snakemake fails at the first job with a traceback."""
     for folder in folders:

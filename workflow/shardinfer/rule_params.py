@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from shardinfer.checks import check_inputs, check_writable
+from shardinfer.checks import check_inputs
 from shardinfer.config import Settings
 from shardinfer.configure import settings_by_input
 from shardinfer.input.identity import gather_trigger, plan_trigger, storage_trigger
@@ -79,8 +79,6 @@ def jobs_by_input(config: dict, storage: bool = False, main_process: bool = True
     by_name = settings_by_input(config, auto_shards, listed)
     if not job_model:
         check_inputs(by_name, storage)
-    if main_process:
-        check_writable()
     model = job_model or (hand_on(next(iter(by_name.values()))) if storage else None)
     fingerprints = model and (model.model, model.adapter)
     return {name: InputJobs.of(settings, storage, fingerprints) for name, settings in by_name.items()}, model
