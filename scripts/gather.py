@@ -1,8 +1,12 @@
 """Snakemake adapter of the gather rule: see shardinfer.proof.gather.run_gather."""
 
-from shardinfer.config import EvaluateSettings, job_settings
-from shardinfer.jobs import run_job
-from shardinfer.proof.gather import run_gather
+from shardinfer.jobs import quiet_interrupt, run_job
+
+# First: Ctrl-C during the imports below (pyarrow, torch: seconds) is one line, not a traceback.
+quiet_interrupt(globals()["snakemake"].rule)
+
+from shardinfer.config import EvaluateSettings, job_settings  # noqa: E402
+from shardinfer.proof.gather import run_gather  # noqa: E402
 
 snakemake = globals()["snakemake"]  # the job object injected by the script: directive
 

@@ -1,10 +1,15 @@
 """Snakemake adapter of the infer rule: see shardinfer.shard.job.run_shard."""
 
-from shardinfer.config import job_settings
-from shardinfer.jobs import run_job
-from shardinfer.shard.job import run_shard
-from shardinfer.shard.runtime import ShardJob
-from shardinfer.stored_model import with_staged
+from shardinfer.jobs import quiet_interrupt, run_job
+
+if __name__ == "__main__":  # not in a process spawned from this job (below)
+    # First: Ctrl-C during the imports below (pyarrow, torch: seconds) is one line, not a traceback.
+    quiet_interrupt(globals()["snakemake"].rule)
+
+from shardinfer.config import job_settings  # noqa: E402
+from shardinfer.shard.job import run_shard  # noqa: E402
+from shardinfer.shard.runtime import ShardJob  # noqa: E402
+from shardinfer.stored_model import with_staged  # noqa: E402
 
 snakemake = globals()["snakemake"]  # the job object injected by the script: directive
 

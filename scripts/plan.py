@@ -1,8 +1,12 @@
 """Snakemake adapter of the plan rule: see shardinfer.plan.run_plan."""
 
-from shardinfer.config import InputSettings
-from shardinfer.jobs import run_job
-from shardinfer.plan import run_plan
+from shardinfer.jobs import quiet_interrupt, run_job
+
+# First: Ctrl-C during the imports below (pyarrow, torch: seconds) is one line, not a traceback.
+quiet_interrupt(globals()["snakemake"].rule)
+
+from shardinfer.config import InputSettings  # noqa: E402
+from shardinfer.plan import run_plan  # noqa: E402
 
 snakemake = globals()["snakemake"]  # the job object injected by the script: directive
 

@@ -1,7 +1,11 @@
 """Snakemake adapter of the report_items rule: see shardinfer.report.write_report."""
 
-from shardinfer.jobs import run_job
-from shardinfer.report import ReportFiles, write_report
+from shardinfer.jobs import quiet_interrupt, run_job
+
+# First: Ctrl-C during the imports below (pyarrow, torch: seconds) is one line, not a traceback.
+quiet_interrupt(globals()["snakemake"].rule)
+
+from shardinfer.report import ReportFiles, write_report  # noqa: E402
 
 snakemake = globals()["snakemake"]  # the job object injected by the script: directive
 

@@ -1,7 +1,11 @@
 """Snakemake adapter of the stage_model rule: see shardinfer.stored_model.stage."""
 
-from shardinfer.jobs import run_job
-from shardinfer.stored_model import stage
+from shardinfer.jobs import quiet_interrupt, run_job
+
+# First: Ctrl-C during the imports below (pyarrow, torch: seconds) is one line, not a traceback.
+quiet_interrupt(globals()["snakemake"].rule)
+
+from shardinfer.stored_model import stage  # noqa: E402
 
 snakemake = globals()["snakemake"]  # the job object injected by the script: directive
 

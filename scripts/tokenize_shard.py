@@ -5,11 +5,15 @@ The settings come from the (validated) config rather than a param, so that chang
 but not its tokenizer leaves this rule's params, and so its token files, as they are.
 """
 
-from shardinfer.configure import settings_from_config
-from shardinfer.jobs import run_job
-from shardinfer.plan import read_plan
-from shardinfer.shard.tokenize_job import TokenizeJob, run_tokenize
-from shardinfer.stored_model import handed, with_handed_paths, with_staged
+from shardinfer.jobs import quiet_interrupt, run_job
+
+# First: Ctrl-C during the imports below (pyarrow, torch: seconds) is one line, not a traceback.
+quiet_interrupt(globals()["snakemake"].rule)
+
+from shardinfer.configure import settings_from_config  # noqa: E402
+from shardinfer.plan import read_plan  # noqa: E402
+from shardinfer.shard.tokenize_job import TokenizeJob, run_tokenize  # noqa: E402
+from shardinfer.stored_model import handed, with_handed_paths, with_staged  # noqa: E402
 
 snakemake = globals()["snakemake"]  # the job object injected by the script: directive
 

@@ -22,7 +22,8 @@ ROOMS = (
     ("shard jobs", ("shard",)),
     ("scores", ("metrics",)),
     ("the proof", ("proof",)),
-    ("the Snakefile's helpers", ("configure", "checks", "settings_digest", "stored_model", "rule_params", "layout")),
+    ("the Snakefile's helpers", ("configure", "checks", "settings_digest", "stored_model", "rule_params", "layout",
+                                  "incomplete")),
     ("what a user reads", ("report", "terminal")),
 )
 

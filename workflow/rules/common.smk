@@ -61,6 +61,7 @@ from shardinfer.checks import (
 )
 from shardinfer.configure import input_paths, own_outputs_notes
 from shardinfer.errors import UserError
+from shardinfer.incomplete import settle
 from shardinfer.input.bucket import bucket_listing
 from shardinfer.input.shard_bound import shard_count_note
 from shardinfer.layout import FOLDERS, Layout
@@ -130,13 +131,31 @@ def load_inputs(config):
     return inputs, auto, model
 
 
-def check_written_folders():
-    """Before any job (the Snakefile calls it once every rule is defined): each existing folder that
-    a rule writes an output, log or benchmark into takes a new file, else one line names it (a
-    read-only results/shards/ is Snakemake's traceback at the first shard job otherwise).
+def before_any_job():
+    """What the main process does once every rule is defined (the Snakefile calls it), before
+    Snakemake builds the graph of jobs: the folders checked, an interrupted run's outputs settled.
     """
-    if not workflow.is_main_process:
+    if workflow.is_main_process:
+        check_written_folders()
+        settle_interrupted_run()
+
+
+def settle_interrupted_run():
+    """The outputs an interrupted run left marked incomplete (shardinfer.incomplete): a shard file
+    proven complete kept, anything else removed to run again, so that the same command resumes.
+    On a shared filesystem with Snakemake's file persistence (its default) only."""
+    backend = str(getattr(workflow.workflow_settings, "persistence_backend", "file"))
+    if STORAGE or not backend.lower().endswith("file"):
         return
+    for line in settle(LAYOUT):
+        logger.info(line)
+
+
+def check_written_folders():
+    """Each existing folder that a rule writes an output, log or benchmark into takes a new file,
+    else one line names it (a read-only results/shards/ is Snakemake's traceback at the first shard
+    job otherwise).
+    """
     products = [product for rule in workflow.rules for product in rule.products()]
     local = [
         str(p) for p in products if not getattr(p, "flags", {}).get("storage_object")

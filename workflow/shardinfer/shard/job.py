@@ -42,7 +42,7 @@ from shardinfer.shard.resume import assemble, keep_committed, left_for_rerun, re
 from shardinfer.shard.row_files import staged_files
 from shardinfer.shard.runtime import Runtime, ShardJob, start_runtime
 from shardinfer.shard.stats import Tally, WindowCost
-from shardinfer.shard.stop import Terminated, stop_on_sigterm
+from shardinfer.shard.stop import Terminated, stop_on_signals
 from shardinfer.shard.writer import Writer, Written
 from shardinfer.tasks import task_class
 
@@ -105,7 +105,7 @@ def stream_windows(pipeline: Pipeline, job: ShardJob, plan: Plan, runtime: Runti
                    errors: RowErrors | None) -> None:
     """read → prepare (tokenize, or read token ids) → batch and build inputs run in workers, the
     device loop in this thread, and writing (`write`) in another worker; each hands on through a
-    bounded queue. SIGTERM (`Terminated`) lets the writer commit the windows already predicted."""
+    bounded queue. SIGTERM or SIGINT (`Terminated`) lets the writer commit the windows already predicted."""
     task, columns = runtime.task, len(job.settings.input.task_columns)
 
     def prepare(item):
@@ -147,15 +147,15 @@ def write_empty_shard(job: ShardJob, plan: Plan, began: float) -> dict:
 
 
 def run_shard(job: ShardJob) -> dict:
-    """The infer rule: the shard's rows through the task into `job.output`, atomically. SIGTERM
-    stops it cleanly: what is committed stays for the rerun (`shardinfer.shard.stop`)."""
+    """The infer rule: the shard's rows through the task into `job.output`, atomically. SIGTERM or
+    SIGINT stops it cleanly: what is committed stays for the rerun (`shardinfer.shard.stop`)."""
     hide_sklearn_from_transformers()
     try:
-        with stop_on_sigterm():
+        with stop_on_signals():
             return compute_shard(job)
-    except Terminated:
+    except Terminated as stopped:
         row = leave_for_rerun(job)
-        raise UserError(f"shard {job.shard}: stopped by SIGTERM at row {row}; rerun resumes there") from None
+        raise UserError(f"shard {job.shard}: stopped by {stopped.name} at row {row}; rerun resumes there") from None
     except Exception:
         leave_for_rerun(job)
         raise
