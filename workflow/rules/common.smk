@@ -147,8 +147,20 @@ def settle_interrupted_run():
     backend = str(getattr(workflow.workflow_settings, "persistence_backend", "file"))
     if STORAGE or not backend.lower().endswith("file"):
         return
-    for line in settle(LAYOUT):
+    settled = settle(LAYOUT)
+    KEPT_FROM_INTERRUPTED.extend(settled.kept)
+    for line in settled.lines:
         logger.info(line)
+
+
+def record_kept_outputs():
+    """Once the graph of jobs is built (onstart): the job of each output kept from an interrupted
+    run recorded as finished, as Snakemake records a job it saw finish (its params, code, input),
+    so that a later change of settings reruns it as any other."""
+    kept = set(KEPT_FROM_INTERRUPTED)
+    for job in workflow.dag.jobs if kept else ():
+        if kept & {str(path) for path in job.output} and not workflow.dag.needrun(job):
+            workflow.async_run(workflow.persistence.finished(job))
 
 
 def check_written_folders():
@@ -193,6 +205,8 @@ MODEL_COPIES = (
 # The cost a row adds in a batch beyond its tokens (generate: max_new_tokens), which the plan balances.
 PLAN_OVERHEAD = task_class(SETTINGS.model.task).plan_overhead(SETTINGS)
 STARTED = time.time()  # when this Snakemake run loaded the workflow
+# The outputs an interrupted run finished that this run keeps (shardinfer.incomplete), recorded at onstart.
+KEPT_FROM_INTERRUPTED = []
 
 
 wildcard_constraints:

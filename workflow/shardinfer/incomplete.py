@@ -10,7 +10,9 @@ from scratch, though a shard file is written whole or not at all (`shardinfer.at
 
 So the main process settles each marked output that exists, when the Snakefile loads:
 - a shard file that proves complete, as gather proves it (this plan, this settings digest, its
-  range in order, the values its job recorded, its files per row), is kept and unmarked;
+  range in order, the values its job recorded, its files per row), is kept and unmarked (and once
+  the graph of jobs is built, its job recorded as finished, as Snakemake records one it saw finish:
+  its params, code and input, so that a later change of settings reruns it as any other);
 - any other marked output (a shard file that fails the proof, a plan, token file or table whose
   job was cut short) is removed and unmarked, as `--rerun-incomplete` would: its job runs again,
   a shard job resuming from the windows it committed (`shardinfer.shard.resume`).
@@ -69,6 +71,14 @@ def locked(persistence: Path = Path(".snakemake")) -> bool:
 
 
 @dataclass(frozen=True)
+class Settled:
+    """What `settle` did: a line for each output, and the kept outputs (shard files, files folders)."""
+
+    lines: list[str]
+    kept: list[str]
+
+
+@dataclass(frozen=True)
 class ShardOutput:
     """A planned shard's file and, when the task writes files per row, its files folder."""
 
@@ -106,12 +116,13 @@ def why_not_complete(layout: Layout, output: ShardOutput, marked: dict[str, Path
     return None
 
 
-def settle(layout: Layout, persistence: Path = Path(".snakemake")) -> list[str]:
-    """Settle the outputs an interrupted run left marked (module docstring); a line for each."""
+def settle(layout: Layout, persistence: Path = Path(".snakemake")) -> Settled:
+    """Settle the outputs an interrupted run left marked (module docstring)."""
     marked = {path: mark for path, mark in marks(persistence).items() if path.startswith(SETTLED_UNDER)}
+    settled = Settled([], [])
     if not marked or locked(persistence):
-        return []
-    shards, said, proven = shard_outputs(layout), [], {}
+        return settled
+    shards, proven = shard_outputs(layout), {}
     for path, mark in sorted(marked.items()):
         if not Path(path).exists():
             continue  # Snakemake takes a mark of a missing output for nothing
@@ -119,14 +130,14 @@ def settle(layout: Layout, persistence: Path = Path(".snakemake")) -> list[str]:
         if shard is not None and shard not in proven:
             proven[shard] = why_not_complete(layout, shard, marked)
         if shard is not None and proven[shard] is None:
-            if path == shard.files and shard.path in marked:
-                unmark(mark, persistence)
-                continue  # said with its shard file
-            said.append(f"shardinfer: kept {path}: its job finished in a run that was interrupted, and it proves complete")
+            settled.kept.append(path)
+            if path != shard.files or shard.path not in marked:  # a files folder is said with its shard file
+                settled.lines.append(f"shardinfer: kept {path}: its job finished in a run that was interrupted, and "
+                                     "it proves complete")
         else:
             shutil.rmtree(path) if Path(path).is_dir() else Path(path).unlink()
             why = f": {proven[shard]}" if shard is not None else ""
-            said.append(f"shardinfer: removed {path}, left by a job an interrupted run did not see finish{why}; "
-                        "it runs again")
+            settled.lines.append(f"shardinfer: removed {path}, left by a job an interrupted run did not see finish"
+                                 f"{why}; it runs again")
         unmark(mark, persistence)
-    return said
+    return settled
