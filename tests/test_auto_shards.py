@@ -5,11 +5,11 @@ End to end: tests/test_faults.py (a run that resolves fewer shards replans) and 
 from __future__ import annotations
 
 import re
-import subprocess
 from types import SimpleNamespace
 
 import pytest
 
+import patience
 from factory import input_frame, prepare_workdir, workflow_config, write_input
 from shardinfer.auto_shards import (
     CPU_SHARDS,
@@ -17,6 +17,7 @@ from shardinfer.auto_shards import (
     RESOLVED_VAR,
     Machine,
     auto_shards,
+    missing_gpus,
     resolve_auto_shards,
     resource_value,
     uses_auto,
@@ -35,8 +36,12 @@ def machine(**given) -> Machine:
     ({"cores": 1}, 1, 1, "no GPU: 1 core, 1 thread per shard job"),
     ({"cores": 64}, CPU_SHARDS, 8, "no GPU: 64 cores, 8 threads per shard job"),
     ({"cores": 2, "set_threads": 2}, 1, 2, "no GPU: 2 cores, 2 threads per shard job"),
-    ({"gpus": 5000}, MOST, 4, "--resources gpu=5000"),
-    ({"gpus": 2, "set_threads": 8}, 2, 8, "--resources gpu=2"),
+    ({"gpus": 5000, "visible_gpus": 1}, MOST, 4, "--resources gpu=5000"),
+    ({"gpus": 2, "set_threads": 8, "visible_gpus": 2}, 2, 8, "--resources gpu=2"),
+    ({"gpus": 4, "job_slots": 8}, 4, 4, "--resources gpu=4"),  # a cluster's nodes have the GPUs
+    # no GPU to be seen on the local executor: the cores count, whatever --resources gpu says
+    ({"gpus": 4, "cores": 2}, 2, 1, "no GPU: 2 cores, 1 thread per shard job; --resources gpu=4 set aside: this "
+                                    "machine shows no GPU"),
 ])
 def test_the_count_follows_the_machine(given, count, threads, reason):
     resolved = auto_shards(machine(**given), gpu_threads=4)
@@ -56,13 +61,24 @@ def fake_workflow(main: bool, **resources):
 
 
 def test_the_main_process_hands_its_count_to_jobs_that_parse_again():
-    env = {"CUDA_VISIBLE_DEVICES": ""}
+    env = {"CUDA_VISIBLE_DEVICES": "0,1,2"}
     main = resolve_auto_shards(fake_workflow(True, gpu=SimpleNamespace(value=3)), 4, env)
     assert (main.count, main.threads, env[RESOLVED_VAR]) == (3, 4, "3,4")
+    env["CUDA_VISIBLE_DEVICES"] = ""
     job = resolve_auto_shards(fake_workflow(False), 4, env)  # on a node where it would resolve otherwise
     assert (job.count, job.threads) == (3, 4)
     alone = resolve_auto_shards(fake_workflow(False), 4, {"CUDA_VISIBLE_DEVICES": ""})  # nothing handed on
     assert (alone.count, alone.threads) == (2, 1)
+
+
+def test_gpus_given_to_a_machine_that_shows_none_are_said_when_the_run_starts():
+    said = missing_gpus(fake_workflow(True, gpu=SimpleNamespace(value=4)), {"CUDA_VISIBLE_DEVICES": ""})
+    assert said == ("shardinfer: WARNING --resources gpu=4, but this machine shows no GPU (no CUDA device visible): "
+                    "the shard jobs will run on the CPU")
+    assert missing_gpus(fake_workflow(True, gpu=SimpleNamespace(value=4)), {"CUDA_VISIBLE_DEVICES": "0"}) is None
+    assert missing_gpus(fake_workflow(True), {"CUDA_VISIBLE_DEVICES": ""}) is None  # none given: none missing
+    cluster = fake_workflow(True, gpu=SimpleNamespace(value=4), _nodes=SimpleNamespace(value=8))
+    assert missing_gpus(cluster, {"CUDA_VISIBLE_DEVICES": ""}) is None  # its jobs run on the nodes
 
 
 def test_which_configs_use_auto():
@@ -77,12 +93,15 @@ def test_the_default_config_resolves_auto_and_says_so(models, tmp_path):
     write_input(input_frame(20), tmp_path / "data" / "input.parquet")
     config = workflow_config("data/input.parquet", models.classifier)
     del config["shards"]
-    for args, count, reason in ((("--resources", "gpu=3"), 3, "--resources gpu=3"),
-                                ((), 2, "no GPU: 2 cores, 1 thread per shard job")):
+    without = "; --resources gpu=4 set aside: this machine shows no GPU"
+    for args, visible, count, reason in ((("--resources", "gpu=3"), "0,1,2", 3, "--resources gpu=3"),
+                                         ((), "", 2, "no GPU: 2 cores, 1 thread per shard job"),
+                                         (("--resources", "gpu=4"), "", 2, f"no GPU: 2 cores, 1 thread per shard job{without}")):
         command, env = prepare_workdir(tmp_path, config, "-n", *args)
-        env = {**env, "CUDA_VISIBLE_DEVICES": ""}
-        result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        result = patience.run(command, [tmp_path], cwd=tmp_path, env={**env, "CUDA_VISIBLE_DEVICES": visible})
         shown = result.stdout + result.stderr
         assert result.returncode == 0, shown[-3000:]
         assert f"shardinfer: shards: auto -> {count} ({reason})" in shown
         assert re.search(rf"^infer\s+{count}$", shown, re.M), shown[-3000:]
+        warned = shown.count("shardinfer: WARNING --resources gpu=4, but this machine shows no GPU")
+        assert warned == (1 if "gpu=4" in args else 0), shown[-3000:]

@@ -221,13 +221,13 @@ def test_changed_model_settings_rerun_every_shard(finished, tmp_path, models):
 
 
 def test_fewer_shards_remove_the_earlier_plans_files(finished, tmp_path):
-    """`shards: auto` on a machine that resolves fewer (one GPU given): a new plan, never the old one's shards."""
+    """`shards: auto` on a machine that resolves fewer (one core given): a new plan, never the old one's shards."""
     _, config = finished
     config["shards"] = "auto"
-    result = run_workflow(tmp_path, config, "--resources", "gpu=1")
+    result = run_workflow(tmp_path, config, "--cores", "1")
     shown = result.stdout + result.stderr
     assert result.returncode == 0, shown[-3000:]
-    assert "shardinfer: shards: auto -> 1 (--resources gpu=1)" in shown
+    assert "shardinfer: shards: auto -> 1 (no GPU: 1 core, 1 thread per shard job)" in shown
     assert sorted(shard_mtimes(tmp_path)) == ["0.parquet"]
     assert read_predictions(tmp_path)["index"].tolist() == list(range(50))
 

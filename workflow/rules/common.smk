@@ -51,7 +51,12 @@ def on_python_path(root):
 
 on_python_path(package_root())
 
-from shardinfer.auto_shards import RESOLVED_VAR, resolve_auto_shards, uses_auto
+from shardinfer.auto_shards import (
+    RESOLVED_VAR,
+    missing_gpus,
+    resolve_auto_shards,
+    uses_auto,
+)
 from shardinfer.checks import (
     check_input_keys,
     check_storage_inputs,
@@ -126,6 +131,7 @@ def load_inputs(config):
     if workflow.is_main_process:  # not again in each job of a cluster run
         notes = own_outputs_notes(config, listed)
         notes.append(shard_count_note(sum(run.shards for run in inputs.values())))
+        notes.append(missing_gpus(workflow))
         for note in filter(None, notes):
             logger.warning(note)
     return inputs, auto, model

@@ -5,6 +5,9 @@ seconds), so shards beyond what runs at once buy nothing but start-ups: on a 2-c
 without a GPU, four shards run two by two and pay four start-ups. `auto` asks for as many shards
 as run at once: one per GPU given by `--resources gpu=N`, one per job slot (`--jobs`) on a cluster
 executor, one per GPU this machine shows, and without a GPU one per core (at most CPU_SHARDS).
+`--resources gpu=N` on a machine that shows no GPU (the local executor: its jobs run here) counts
+the cores, as without it: N shards of a GPU's threads would run one at a time on the CPU
+(`missing_gpus` says so when the run starts).
 
 The output is the same for any shard count (gather proves every row), so the count may follow the
 machine. A plan may not: the resolved count is a param of the plan rule, so a machine that
@@ -58,7 +61,7 @@ def auto_shards(machine: Machine, gpu_threads: int) -> AutoShards:
     `gpu_threads` to feed its GPU. Without, the cores are split between at most CPU_SHARDS jobs:
     on 2 cores, two 1-thread shard jobs take 0.8x the wall time of one 2-thread job (the demo,
     3,000 texts), since each job's start-up and tokenizing run on a core of their own."""
-    if machine.gpus:
+    if machine.gpus and (machine.visible_gpus or machine.job_slots):
         return AutoShards(min(machine.gpus, MOST), machine.set_threads or gpu_threads,
                           f"--resources gpu={machine.gpus}")
     if machine.job_slots:
@@ -70,7 +73,8 @@ def auto_shards(machine: Machine, gpu_threads: int) -> AutoShards:
     threads = machine.set_threads or max(1, machine.cores // CPU_SHARDS)
     count = max(1, min(machine.cores // threads, CPU_SHARDS))
     cores, said = plural(machine.cores, "core"), plural(threads, "thread")
-    return AutoShards(count, threads, f"no GPU: {cores}, {said} per shard job")
+    given = f"; --resources gpu={machine.gpus} set aside: this machine shows no GPU" if machine.gpus else ""
+    return AutoShards(count, threads, f"no GPU: {cores}, {said} per shard job{given}")
 
 
 def plural(count: int, word: str) -> str:
@@ -90,10 +94,22 @@ def machine_of(workflow, env: Mapping[str, str] = os.environ) -> Machine:
     resources = workflow.global_resources
     cores = resource_value(resources.get("_cores")) or os.cpu_count() or 1  # None: a dry run without --cores
     gpus, slots = resource_value(resources.get("gpu")), resource_value(resources.get("_nodes"))
-    # Counting the machine's GPUs may run nvidia-smi: only when neither of the above decides.
-    visible = 0 if gpus or slots else len(candidate_devices(env, detect_gpu_count))
+    # Counting the machine's GPUs may run nvidia-smi: not for a cluster, whose jobs run elsewhere.
+    visible = 0 if slots else len(candidate_devices(env, detect_gpu_count))
     return Machine(gpus=gpus, cores=cores, job_slots=slots, visible_gpus=visible,
                    set_threads=resource_value(workflow.resource_settings.overwrite_threads.get("infer")))
+
+
+def missing_gpus(workflow, env: Mapping[str, str] = os.environ) -> str | None:
+    """The warning, when the run starts, for `--resources gpu=N` where the shard jobs will find no
+    GPU (the local executor on a machine that shows none), rather than only after the run."""
+    if not resource_value(workflow.global_resources.get("gpu")):
+        return None
+    machine = machine_of(workflow, env)
+    if machine.job_slots or machine.visible_gpus:
+        return None
+    return (f"shardinfer: WARNING --resources gpu={machine.gpus}, but this machine shows no GPU (no CUDA device "
+            "visible): the shard jobs will run on the CPU")
 
 
 def resolve_auto_shards(workflow, gpu_threads: int, env: MutableMapping[str, str] = os.environ) -> AutoShards:
