@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+import patience
 from tiny_workflow import (
     LABELS as LABELS,
 )
@@ -55,9 +56,6 @@ from tiny_workflow import (
 )
 from tiny_workflow import (
     read_predictions as read_predictions,
-)
-from tiny_workflow import (
-    run_workflow as run_workflow,
 )
 from tiny_workflow import (
     save_lora as save_lora,
@@ -113,21 +111,22 @@ def gzipped(frame: pd.DataFrame, path: Path) -> Path:
     return path
 
 
-def run_workflows(runs: list[tuple[Path, dict]], timeout: float = 900,
-                  report: bool = False) -> list[subprocess.CompletedProcess]:
+def run_workflow(workdir: Path, config: dict, *args: str, report: bool = False) -> subprocess.CompletedProcess:
+    """tiny_workflow's run (`snakemake -s <repo>/Snakefile` in `workdir`, as a user runs it from their
+    own folder), waited for while it progresses (tests/patience.py: a busy machine is no hang)."""
+    command, env = prepare_workdir(workdir, config, *args, report=report)
+    return patience.run(command, [workdir], cwd=workdir, env=env)
+
+
+def run_workflows(runs: list[tuple[Path, dict]], report: bool = False) -> list[subprocess.CompletedProcess]:
     """Several independent `run_workflow` runs at once: a run of one shard keeps one core busy (its
     jobs run one after another, each mostly single-threaded), so two or more together fill the
     machine's cores instead of leaving them idle. Each keeps its own folder and GPU lock folder."""
     started = []
     for workdir, config in runs:
         command, env = prepare_workdir(workdir, config, report=report)
-        started.append((command, subprocess.Popen(command, cwd=workdir, env=env, text=True, stdout=subprocess.PIPE,
-                                                  stderr=subprocess.PIPE)))
-    results = []
-    for command, process in started:
-        out, err = process.communicate(timeout=timeout)
-        results.append(subprocess.CompletedProcess(command, process.returncode, out, err))
-    return results
+        started.append((workdir, patience.Started(command, [workdir], cwd=workdir, env=env)))
+    return [run.finish(f"the run in {workdir}") for workdir, run in started]
 
 
 def run_workflows_ok(runs: list[tuple[Path, dict]], report: bool = False) -> list[subprocess.CompletedProcess]:

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import io
 import os
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
+import patience
 import plugins  # the S3 storage plugin and boto3 lie in plugins.PLUGINS, beside the venv
 
 SCRIPTS = Path(__file__).resolve().parent / "storage"
@@ -75,8 +75,7 @@ def start(folder: Path) -> S3Server:
     if not (plugins.PLUGINS / "snakemake_storage_plugin_s3").is_dir():
         raise RuntimeError(f"no S3 storage plugin in {plugins.PLUGINS}: run tests/install-plugins")
     env = {**os.environ, "PYTHON": sys.executable}
-    started = subprocess.run([str(SCRIPTS / "start-s3"), str(folder)], capture_output=True, text=True, env=env,
-                             timeout=120)
+    started = patience.run([str(SCRIPTS / "start-s3"), str(folder)], [folder], env=env)
     if started.returncode != 0:
         raise RuntimeError(f"tests/storage/start-s3 failed: {started.stderr.strip()[-2000:]}")
     values = dict(line.split("=", 1) for line in started.stdout.split())
@@ -85,4 +84,4 @@ def start(folder: Path) -> S3Server:
 
 
 def stop(server: S3Server) -> None:
-    subprocess.run([str(SCRIPTS / "stop-s3"), str(server.folder)], capture_output=True, timeout=60)
+    patience.run([str(SCRIPTS / "stop-s3"), str(server.folder)])

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import patience
 from factory import python_env
 from shardinfer.atomic import HOST, atomic_parquet_writer, attempt_path, remove_dead_attempts
 from shardinfer.contract.row_files import staging_folder
@@ -154,7 +155,7 @@ def test_two_attempts_at_one_file_at_once_each_write_their_own_and_both_commit(t
     with atomic_parquet_writer(path, SCHEMA) as writer:
         writer.write_table(pa.table({"index": [1]}))
     assert pq.read_table(path).column("index").to_pylist() == [1]
-    other.communicate("commit\n", timeout=60)
+    other.communicate("commit\n", timeout=patience.HANG_S)  # a hang, not a slow machine (tests/patience.py)
     assert other.returncode == 0
     assert pq.read_table(path).column("index").to_pylist() == [2, 2]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["0.parquet"]

@@ -7,7 +7,6 @@ import copy
 import gzip
 import json
 import re
-import subprocess
 import zipfile
 from collections import Counter
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import patience
 import reference
 from factory import gzipped, input_frame, prepare_workdir, run_workflow, workflow_config, write_input
 from shardinfer.checks import check_input_keys, check_inputs, schema_errors
@@ -129,7 +129,7 @@ def test_editing_one_input_replans_only_that_input(named_run, models):
 @pytest.mark.e2e
 def test_the_report_has_each_inputs_items(named_run):
     command, env = prepare_workdir(named_run.workdir, named_run.config, "--report", "report.zip", report=True)
-    result = subprocess.run(command, cwd=named_run.workdir, env=env, capture_output=True, text=True, timeout=600)
+    result = patience.run(command, [named_run.workdir], cwd=named_run.workdir, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     with zipfile.ZipFile(named_run.workdir / "report.zip") as report:
         items = Counter(Path(name).name for name in report.namelist() if name.startswith("report/data/raw/"))

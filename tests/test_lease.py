@@ -17,7 +17,7 @@ from pathlib import Path
 from shardinfer.devices import acquire_device
 lease = acquire_device(env={{}}, lock_dir=Path({lock_dir!r}), count_gpus=lambda: {gpus}, poll_s=0.05)
 print(lease.visible, flush=True)
-time.sleep(120)
+time.sleep(3600)  # until the test kills it: a lifetime, not a limit a slow machine could reach
 """
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 import zipfile
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 import yaml
 from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precision_recall_fscore_support
 
+import patience
 from factory import input_frame, prepare_workdir, run_workflow, write_input
 from shardinfer.checks import check_evaluate, check_inputs
 from shardinfer.configure import settings_by_input
@@ -219,8 +219,7 @@ def evaluated(classify_runs, tmp_path_factory):
     result = run_workflow(workdir, config, report=True)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     command, env = prepare_workdir(workdir, config, report=True)
-    report = subprocess.run([*command, "--report", "report.zip"], cwd=workdir, env=env, capture_output=True, text=True,
-                            timeout=900)
+    report = patience.run([*command, "--report", "report.zip"], [workdir], cwd=workdir, env=env)
     assert report.returncode == 0, report.stdout[-3000:] + report.stderr[-6000:]
     return workdir, result.stdout + result.stderr, kept
 

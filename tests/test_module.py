@@ -1,7 +1,6 @@
 """The workflow as a Snakemake module of a user's own workflow, and the catalog's description of it."""
 
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -9,6 +8,7 @@ import pandas as pd
 import pytest
 import yaml
 
+import patience
 import reference
 from factory import REPO, build_lora_on_plain_base, input_frame, local_env, workflow_config, write_input
 
@@ -64,7 +64,7 @@ def user_run(tmp_path_factory):
     (user / "scripts" / "label_table.py").write_text(USER_SCRIPT)
     command = [sys.executable, "-m", "snakemake", "--cores", "2", "--set-threads", "shardinfer_infer=1"]
     env = local_env(user)
-    result = subprocess.run(command, cwd=user, capture_output=True, text=True, env=env, timeout=900)
+    result = patience.run(command, [user], cwd=user, env=env)
     return user, frame, result, (edited, adapter)
 
 
@@ -105,7 +105,7 @@ def test_the_catalogs_standard_layout_and_its_rulegraph_check_hold(tmp_path):
     assert (REPO / "workflow" / "Snakefile").is_file() and (REPO / "config" / "README.md").is_file()
     command = [sys.executable, "-m", "snakemake", "-s", "workflow/Snakefile", "-c", "1", "-d", ".test", "--forceall",
                "--rulegraph"]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=local_env(tmp_path), timeout=300)
+    result = patience.run(command, cwd=REPO, env=local_env(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     edges = set(re.findall(r"(\d+) -> (\d+)", result.stdout))
     names = dict(re.findall(r'(\d+)\[label = "(\w+)"', result.stdout))

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import yaml
 
+import patience
 from factory import REPO, prepare_workdir
 from shardinfer.errors import UserError
 from shardinfer.plan import Plan
@@ -174,8 +175,7 @@ def reported(classify_runs, tmp_path_factory) -> Path:
     shutil.copytree(classify_runs(ROWS, SHARDS).workdir, workdir, dirs_exist_ok=True, symlinks=True)
     command, env = prepare_workdir(workdir, yaml.safe_load((workdir / "config" / "config.yaml").read_text()),
                                    report=True)
-    result = subprocess.run([*command, "--report", "report.zip"], cwd=workdir, env=env, capture_output=True,
-                            text=True, timeout=900)
+    result = patience.run([*command, "--report", "report.zip"], [workdir], cwd=workdir, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     return workdir
 

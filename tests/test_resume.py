@@ -27,6 +27,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
+import patience
 import plugins
 from factory import REPO, input_frame, input_settings, python_env, write_input
 from shardinfer.config import BatchSettings, ModelSettings, Settings
@@ -189,12 +190,9 @@ def test_a_killed_job_loses_at_most_the_window_it_was_computing(tmp_path, monkey
     process = subprocess.Popen([sys.executable, str(script)], env=python_env(HOOK_STOP_AT=str(STOP_AT)),
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     window = windows_folder("shards/0.parquet") / f"{17:012d}.parquet"
-    deadline = time.time() + 120
-    while not (Path("stopped.pid").exists() and window.exists()) and time.time() < deadline:
-        assert process.poll() is None, process.stderr.read()
-        time.sleep(0.02)
+    patience.until(lambda: Path("stopped.pid").exists() and window.exists(), [tmp_path], process, "the hook to block")
     os.kill(process.pid, signal.SIGKILL)
-    process.wait(timeout=30)
+    process.wait()
     assert process.returncode == -signal.SIGKILL and not Path("shards/0.parquet").exists()
     Path("seen.txt").unlink()
     caplog.set_level(logging.INFO)

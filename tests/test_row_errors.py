@@ -226,22 +226,19 @@ def test_end_to_end_a_stopped_shard_resumes_and_the_terminal_says_which_rows_fai
     again resumes the shard there, and the row errors of kept and new windows are counted together."""
     import os
     import signal
-    import subprocess
-    import time
 
+    import patience
     from factory import prepare_workdir
 
     monkeypatch.chdir(tmp_path)
     config = hook_config(48, 2)  # shard 0: rows [0, 24), windows [0, 1), [1, 17), [17, 24)
     command, env = prepare_workdir(tmp_path, config)
-    stopped = subprocess.Popen(command, cwd=tmp_path, env={**env, "HOOK_STOP_AT": "20"}, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.time() + 300
-    while not Path("stopped.pid").exists() and time.time() < deadline and stopped.poll() is None:
-        time.sleep(0.05)
+    stopped = patience.Started(command, [tmp_path], merged=True, cwd=tmp_path, env={**env, "HOOK_STOP_AT": "20"})
+    patience.until(lambda: Path("stopped.pid").exists(), [tmp_path], stopped.process, "the hook to block")
     os.kill(int(Path("stopped.pid").read_text()), signal.SIGTERM)
-    out = stopped.communicate(timeout=300)[0]
-    assert stopped.returncode != 0
+    ended = stopped.finish("the stopped run")
+    out = ended.stdout
+    assert ended.returncode != 0
     assert "ERROR shard 0: stopped by SIGTERM at row 17; rerun resumes there" in out
     assert not Path("results/predictions.parquet").exists()
     assert sorted(p.name for p in Path("results/shards/.0.parquet.windows").glob("*.parquet")) == [

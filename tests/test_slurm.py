@@ -27,7 +27,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +35,7 @@ import pandas as pd
 import pytest
 import yaml
 
+import patience
 import plugins
 import reference
 from factory import WITHOUT_REPORT, input_frame, read_predictions, workflow_config, write_input
@@ -46,10 +46,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slurm, pytest.mark.s3]
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "tests" / "slurm"
 ATOL = 1e-5
-RUN_TIMEOUT_S = 420
-# From `scancel` to Snakemake's exit: shard 0's remaining work plus the plugin's next status check,
-# whose interval grows by 10 s per check that finds nothing finished.
-CANCEL_NOTICED_S = 180
+# No wait here has a time limit of its own: each lasts while the run progresses (tests/patience.py),
+# so a busy machine is no failure and a hang (Snakemake never noticing a cancelled job) still is.
 
 
 def _cannot_run(reason: str):
@@ -71,9 +69,9 @@ def slurm(tmp_path_factory):
     if importlib.util.find_spec("snakemake_executor_plugin_slurm") is None:
         _cannot_run("snakemake-executor-plugin-slurm is missing (pip install -r requirements-slurm.txt)")
     try:
-        start = subprocess.run([str(SCRIPTS / "start-slurm")], capture_output=True, text=True, timeout=900)
-    except subprocess.TimeoutExpired as error:
-        _cannot_run(f"tests/slurm/start-slurm took over {error.timeout:.0f} s")
+        start = patience.run([str(SCRIPTS / "start-slurm")])
+    except AssertionError as error:
+        _cannot_run(f"tests/slurm/start-slurm stalled: {error}")
     if start.returncode != 0:
         _cannot_run(f"tests/slurm/start-slurm exited {start.returncode}:\n{start.stdout[-2000:]}{start.stderr[-3000:]}")
     started = start.stdout.strip().endswith("slurm: started")
@@ -160,7 +158,7 @@ class Run:
 
     def __init__(self, case: Case, profile: Path, *args: str, env: dict | None = None):
         runs = sorted(case.workdir.glob("snakemake-*.out"))
-        self.out = case.workdir / f"snakemake-{len(runs)}.out"
+        self.out, self.workdir = case.workdir / f"snakemake-{len(runs)}.out", case.workdir
         command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--profile", str(profile),
                    *WITHOUT_REPORT, *args]
         with self.out.open("w") as handle:
@@ -171,21 +169,20 @@ class Run:
         return self.out.read_text()
 
     def interrupt(self) -> None:
-        """Ctrl-C: Snakemake cancels the Slurm jobs it still waits for, then exits."""
+        """Ctrl-C: Snakemake cancels the Slurm jobs it still waits for, then exits (killed if it stalls)."""
         self.process.send_signal(signal.SIGINT)
         try:
-            self.process.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+            patience.wait(self.process, [self.workdir], "snakemake to stop")
+        except AssertionError:
+            pass  # killed by the wait
 
-    def wait(self, timeout_s: float = RUN_TIMEOUT_S) -> tuple[int, str, str]:
+    def wait(self) -> tuple[int, str, str]:
         """(exit status, terminal output, the run's ID: the name of all its Slurm jobs)."""
         try:
-            self.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+            patience.wait(self.process, [self.workdir], "snakemake")
+        except AssertionError as error:
             self.interrupt()
-            raise AssertionError(f"snakemake ran over {timeout_s:.0f} s:\n{self.output()[-6000:]}") from None
+            raise AssertionError(f"{error}:\n{self.output()[-6000:]}") from None
         output = self.output()
         found = re.search(r"SLURM run ID: (\S+)", output)
         assert found, output[-6000:]
@@ -201,13 +198,13 @@ def sacct(run_id: str) -> list[dict]:
     fields = ["JobID", "JobName", "State", "ExitCode", "AllocTRES", "Comment", "WorkDir"]
     command = ["sacct", "-X", "--parsable2", "--noheader", "--starttime", "now-1days", f"--format={','.join(fields)}",
                "--name", run_id]
-    for _ in range(20):  # slurmctld reports to slurmdbd asynchronously
+    def accounted() -> list[dict] | None:
         lines = subprocess.run(command, capture_output=True, text=True, check=True).stdout.splitlines()
         jobs = [dict(zip(fields, line.split("|"))) for line in lines if line]
-        if jobs and all(not job["State"].startswith(("PENDING", "RUNNING")) for job in jobs):
-            return jobs
-        time.sleep(0.5)
-    return jobs
+        return jobs if jobs and all(not job["State"].startswith(("PENDING", "RUNNING")) for job in jobs) else None
+
+    # slurmctld reports to slurmdbd asynchronously: slower on a busy machine
+    return patience.until(accounted, what=f"Slurm's accounting of run {run_id}", every_s=0.5)
 
 
 def jobs_of(jobs: list[dict], rule: str, shard: int | None = None) -> list[dict]:
@@ -219,9 +216,9 @@ class ShardWatcher(threading.Thread):
     """Waits until shard `shard`'s Slurm job of `workdir` runs the shard's own code (its log says which
     device it runs on), then does `action(jobid)` once."""
 
-    def __init__(self, workdir: Path, shard: int, action, timeout_s: float = RUN_TIMEOUT_S):
+    def __init__(self, workdir: Path, shard: int, action, run: subprocess.Popen | None = None):
         super().__init__(daemon=True)
-        self.workdir, self.shard, self.action, self.timeout_s = workdir.resolve(), shard, action, timeout_s
+        self.workdir, self.shard, self.action, self.run_process = workdir.resolve(), shard, action, run
         self.jobid: str | None = None
         self.error: str | None = None
 
@@ -234,19 +231,19 @@ class ShardWatcher(threading.Thread):
         return None
 
     def run(self) -> None:
+        """Waits while the run progresses (tests/patience.py), and not after it ended."""
         log = self.workdir / "logs" / "infer" / f"{self.shard}.log"
-        deadline = time.monotonic() + self.timeout_s
-        while time.monotonic() < deadline:
-            jobid = log.exists() and "running on" in log.read_text() and self.running_job()
-            if jobid:
-                self.jobid = jobid
-                try:
-                    self.action(jobid)
-                except Exception as error:  # reported by the test
-                    self.error = repr(error)
-                return
-            time.sleep(0.1)
-        self.error = f"shard {self.shard}'s job never ran"
+        try:
+            jobid = patience.until(lambda: log.exists() and "running on" in log.read_text() and self.running_job(),
+                                   [self.workdir], self.run_process, f"shard {self.shard}'s job to run", every_s=0.1)
+        except AssertionError as error:
+            self.error = f"shard {self.shard}'s job never ran: {error}"
+            return
+        self.jobid = jobid
+        try:
+            self.action(jobid)
+        except Exception as error:  # reported by the test
+            self.error = repr(error)
 
 
 def assert_table_is_right(case: Case, models, got: pd.DataFrame | None = None):
@@ -297,8 +294,9 @@ def scenarios(slurm, profile, bucket_profile, s3, models, tmp_path_factory, buck
 
     def start(name: str, rows: int, shards: int, seed: int, args=(), fault=None) -> Scenario:
         case = make_case(models, tmp_path_factory.mktemp(name), rows=rows, shards=shards, seed=seed)
-        watcher = ShardWatcher(case.workdir, shard=1, action=fault) if fault else None
-        scenario = Scenario(case, Run(case, profile, *args), watcher)
+        run = Run(case, profile, *args)
+        watcher = ShardWatcher(case.workdir, shard=1, action=fault, run=run.process) if fault else None
+        scenario = Scenario(case, run, watcher)
         if watcher:
             watcher.start()
         return scenario
@@ -328,10 +326,10 @@ def test_a_cancelled_shard_is_finished_by_rerunning_the_same_command(scenarios, 
     while sacct's `CANCELLED by <uid>` is read by the plugin (2.8.0) as still running."""
     scenario = scenarios["cancel"]
     case, watcher, first = scenario.case, scenario.watcher, scenario.run
-    watcher.join(timeout=RUN_TIMEOUT_S)
+    watcher.join()  # no limit: its own wait ends with the run, or fails when it stalls
     assert watcher.error is None and watcher.jobid, watcher.error
-    # a hang would end here: wait() interrupts a run that outlives its timeout and fails the test
-    status, output, first_run = first.wait(timeout_s=CANCEL_NOTICED_S)
+    # a hang would end here: wait() interrupts a run in which nothing progresses and fails the test
+    status, output, first_run = first.wait()
     assert status != 0, output[-6000:]
     assert f"SLURM-job '{watcher.jobid}' failed, SLURM status is: 'CANCELLED'" in output, output[-6000:]
     results = case.workdir / "results"
@@ -407,7 +405,7 @@ def test_a_shard_killed_mid_run_is_resubmitted_by_retries(scenarios, models):
     scenario = scenarios["retry"]
     case, watcher = scenario.case, scenario.watcher
     status, output, run_id = scenario.run.wait()
-    watcher.join(timeout=5)
+    watcher.join()  # it ended with the run, if not before
     assert watcher.error is None and watcher.jobid, watcher.error
     assert status == 0, output[-6000:]
     assert_table_is_right(case, models)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import subprocess
 import sys
 
 import pyarrow.parquet as pq
@@ -28,6 +27,7 @@ import pytest
 import yaml
 
 import factory
+import patience
 import plugins
 from bucket_runs import INPUT, MODEL, ROWS, SHARDS, VAL_PARTS
 from test_workflow import assert_same_rows
@@ -159,8 +159,7 @@ def test_a_glob_that_matches_no_object_is_refused_in_one_line_when_the_snakefile
     config = factory.workflow_config("data/part-*.parquet", models.classifier)
     (clone / "config" / "config.yaml").write_text(yaml.safe_dump(config))
     command = [sys.executable, "-m", "snakemake", "--profile", "profiles/s3", *s3.storage_args("glob"), "-n"]
-    result = subprocess.run(command, cwd=clone, capture_output=True, text=True,
-                            env=plugins.with_plugins({**factory.local_env(clone), **s3.env()}), timeout=120)
+    result = patience.run(command, [clone], cwd=clone, env=plugins.with_plugins({**factory.local_env(clone), **s3.env()}))
     assert result.returncode == 1
     assert ("ERROR: input.path `data/part-*.parquet` matches no objects in the bucket (names starting with `.` or "
             "`_` are skipped)") in result.stdout + result.stderr
@@ -204,8 +203,7 @@ def test_the_kubernetes_profile_gives_each_shard_pod_a_gpu_limit(s3, models, tmp
     s3.put(f"kubernetes/{INPUT}", factory.write_input(factory.input_frame(10), tmp_path / "in.parquet").read_bytes())
     command = [sys.executable, "-m", "snakemake", "--profile", "profiles/kubernetes", *s3.storage_args("kubernetes"),
                "-n", "--forceall"]
-    result = subprocess.run(command, cwd=clone, capture_output=True, text=True,
-                            env=plugins.with_plugins({**factory.local_env(clone), **s3.env()}), timeout=120)
+    result = patience.run(command, [clone], cwd=clone, env=plugins.with_plugins({**factory.local_env(clone), **s3.env()}))
     assert result.returncode == 0, result.stderr[-4000:]
     block = result.stdout.split("rule infer:")[1]
     printed = re.search(r"resources: (.*)", block).group(1)

