@@ -165,6 +165,55 @@ def test_a_glob_that_matches_no_object_is_refused_in_one_line_when_the_snakefile
             "`_` are skipped)") in result.stdout + result.stderr
 
 
+def free_port() -> int:
+    """A port nothing listens on (taken from the kernel, then let go): an endpoint out of reach."""
+    import socket
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        return free.getsockname()[1]
+
+
+def test_a_bucket_that_refuses_or_is_out_of_reach_is_one_line_when_the_snakefile_loads(s3, models, tmp_path):
+    """A wrong secret key, a missing bucket, no credentials at all, an endpoint nothing listens on:
+    the listing of the input (the run's first request to the bucket) is refused in one line naming
+    what to check, not a traceback from boto3 (dry runs, all at once)."""
+    clone = factory.workflow_clone(tmp_path / "clone")
+    (clone / "config" / "config.yaml").write_text(yaml.safe_dump(factory.workflow_config(INPUT, models.classifier)))
+    base = {key: value for key, value in plugins.with_plugins(factory.local_env(clone)).items()
+            if not key.startswith(("SNAKEMAKE_STORAGE_S3_", "AWS_"))}
+    # no credentials: none in the environment, and boto3's other sources shut (its files, the instance's)
+    nowhere = {"AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), "AWS_CONFIG_FILE": str(tmp_path / "none"),
+               "AWS_EC2_METADATA_DISABLED": "true"}
+    where, unreachable = f"the S3 storage at {s3.endpoint}", f"http://127.0.0.1:{free_port()}"
+    keys = "check SNAKEMAKE_STORAGE_S3_ACCESS_KEY and SNAKEMAKE_STORAGE_S3_SECRET_KEY (profiles/s3)"
+    cases = {
+        "wrong secret": ({**s3.env(), "SNAKEMAKE_STORAGE_S3_SECRET_KEY": "wrong"}, s3.storage_args("refused"),
+                         f"ERROR: {where} refused the credentials listing `{s3.url('refused')}` "
+                         "(SignatureDoesNotMatch: "),
+        "missing bucket": (s3.env(), ["--default-storage-prefix", "s3://no-such-bucket/run", "--storage-s3-endpoint-url",
+                                      s3.endpoint],
+                           f"ERROR: the bucket of `s3://no-such-bucket/run` does not exist in {where} (NoSuchBucket: "),
+        "no credentials": (nowhere, s3.storage_args("refused"),
+                           f"ERROR: no credentials to list `{s3.url('refused')}` in {where}: set "
+                           "SNAKEMAKE_STORAGE_S3_ACCESS_KEY and SNAKEMAKE_STORAGE_S3_SECRET_KEY (profiles/s3)"),
+        "out of reach": (s3.env(), ["--default-storage-prefix", s3.url("refused"), "--storage-s3-endpoint-url",
+                                    unreachable],
+                         f"ERROR: the S3 storage at {unreachable} is out of reach listing `{s3.url('refused')}` "
+                         "(Could not connect to the endpoint URL: "),
+    }
+    started = {name: patience.Started([sys.executable, "-m", "snakemake", "--profile", "profiles/s3", *args, "-n"],
+                                      [clone], merged=True, cwd=clone, env={**base, **extra})
+               for name, (extra, args, _) in cases.items()}
+    for name, run in started.items():
+        result = run.finish(f"the dry run with {name}")
+        lines = [line for line in result.stdout.splitlines() if line.strip() and not line.startswith("Using profile")]
+        assert result.returncode == 1 and len(lines) == 1, f"{name}: {result.stdout[-3000:]}"
+        assert lines[0].startswith(cases[name][2]), f"{name}: {lines[0]}"
+        if name == "wrong secret":
+            assert lines[0].endswith(f"; {keys}"), lines[0]
+
+
 def kubernetes_pod(resources: dict) -> dict:
     """The job the Kubernetes executor plugin submits for a job with `resources`, from its own
     `run_job` (the API call that would reach a cluster records the job instead)."""

@@ -4,13 +4,20 @@
 Snakemake's storage interface lists objects only for `glob_wildcards` (`list_candidate_matches`),
 which the S3 plugin (0.3.6) refuses for every `s3://` query ("bucket name contains a wildcard").
 So the listing goes through the plugin's own S3 resource, with the endpoint and credentials the
-run gives it; other providers get one file per input.
+run gives it; other providers get one file per input. It is the run's first request to the bucket:
+a wrong key, a missing bucket, no credentials or an endpoint out of reach is refused here in one
+line naming what to check (`storage_refusal`), not a traceback from deep in boto3.
 """
 
 from __future__ import annotations
 
-from shardinfer.errors import UserError
+from shardinfer.errors import UserError, first_line
 from shardinfer.input.discovery import is_glob, listing_root
+
+# What S3 answers for keys it does not take (an unknown key, a wrong secret, a key without rights).
+REFUSED_KEYS = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken",
+                "AuthorizationHeaderMalformed")
+KEYS = "SNAKEMAKE_STORAGE_S3_ACCESS_KEY and SNAKEMAKE_STORAGE_S3_SECRET_KEY (profiles/s3)"
 
 
 def object_names(top, folder: str) -> list[str]:
@@ -35,4 +42,35 @@ def bucket_listing(provider, prefix: str, paths: list[str]) -> dict[str, list[st
                 raise UserError(f"input path `{path}` is a glob or folder: listing one in the bucket needs the s3 "
                                 f"storage provider (this run's is {name}); give one object")
         return {path: [] for path in paths}
-    return {path: object_names(top, listing_root(path)) for path in paths}
+    try:
+        return {path: object_names(top, listing_root(path)) for path in paths}
+    except Exception as error:  # boto3's, told apart in storage_refusal; anything else is no user's error
+        refusal = storage_refusal(error, prefix, getattr(getattr(provider, "settings", None), "endpoint_url", None))
+        if refusal is None:
+            raise
+        raise refusal from None
+
+
+def storage_refusal(error: Exception, prefix: str, endpoint: str | None) -> UserError | None:
+    """The one line for a failed listing of `prefix` (s3://bucket/...) that the user can fix, naming
+    what to check; None for another error (not boto3's, or a fault of the server's own)."""
+    from botocore import exceptions as boto  # with the S3 plugin, which lists through boto3
+
+    where = f"the S3 storage at {endpoint or 'its default endpoint'}"
+    if isinstance(error, boto.ClientError):
+        code = error.response.get("Error", {}).get("Code", "")
+        said = f"{code}: {error.response.get('Error', {}).get('Message') or first_line(error)}"
+        if code == "NoSuchBucket":
+            return UserError(f"the bucket of `{prefix}` does not exist in {where} ({said}); create it, or give "
+                             "--default-storage-prefix an existing bucket")
+        if code in REFUSED_KEYS:
+            return UserError(f"{where} refused the credentials listing `{prefix}` ({said}); check {KEYS}")
+        return UserError(f"{where} refused to list `{prefix}` ({said})") if code else None
+    if isinstance(error, boto.NoCredentialsError):
+        return UserError(f"no credentials to list `{prefix}` in {where}: set {KEYS}")
+    if isinstance(error, (boto.ConnectionError, boto.HTTPClientError)):
+        return UserError(f"{where} is out of reach listing `{prefix}` ({first_line(error)}); check "
+                         "--storage-s3-endpoint-url and that the server runs")
+    if isinstance(error, boto.BotoCoreError):
+        return UserError(f"listing `{prefix}` in {where} failed ({first_line(error)})")
+    return None
