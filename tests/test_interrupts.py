@@ -77,6 +77,38 @@ def shard_mtimes(folder: Path) -> dict[str, int]:
     return {path.name: path.stat().st_mtime_ns for path in (folder / "results" / "shards").glob("*.parquet")}
 
 
+def seen_rows(folder: Path) -> list[int]:
+    """The rows the hook computed, in all runs so far."""
+    return sorted(int(row) for row in (folder / "seen.txt").read_text().split())
+
+
+def ctrl_c_while_shard_1_computes(folder: Path, command: list[str], env: dict) -> str:
+    """The run, until shard 0 is done (Snakemake saw it finish) and shard 1 is in a model call;
+    then SIGINT to the process group, as Ctrl-C in a terminal sends it. What the terminal showed."""
+    run = start(folder, command, env, HOOK_STOP_AT=str(STOP_AT))
+    done = folder / "results" / "shards" / "0.parquet"
+    patience.until(lambda: (folder / "stopped.pid").exists() and done.exists()
+                   and "results/shards/0.parquet" not in marks(folder / ".snakemake"),
+                   [folder], run.process, "shard 0 done and shard 1 in its model call")
+    os.killpg(run.process.pid, signal.SIGINT)
+    ended = run.finish("the interrupted run")
+    assert ended.returncode != 0
+    return ended.stdout
+
+
+def sigint_to_snakemake_while_shard_1_computes(folder: Path, command: list[str], env: dict) -> None:
+    """The run, until shard 1 is in its first model call; then SIGINT to Snakemake alone, which waits
+    for the job, let go once Snakemake said so."""
+    (folder / "hold").touch()
+    run = start(folder, command, env, HOOK_HOLD=str(folder / "hold"))
+    patience.until(lambda: (folder / "holding.pid").exists(), [folder], run.process, "shard 1 resumed")
+    os.kill(run.process.pid, signal.SIGINT)
+    patience.until(lambda: "Terminating processes on user request" in run.output(), [folder], run.process,
+                   "Snakemake to notice")
+    (folder / "hold").unlink()
+    assert run.finish("the run stopped by SIGINT to Snakemake").returncode != 0
+
+
 def test_an_interrupted_run_resumes_by_the_same_command_keeping_every_finished_shard(tmp_path):
     """Ctrl-C while shard 1 is in a model call (shard 0 done): each job says one line, shard 1
     commits its windows. The same command, stopped by SIGINT to Snakemake alone while shard 1 runs:
@@ -84,29 +116,12 @@ def test_an_interrupted_run_resumes_by_the_same_command_keeping_every_finished_s
     both shard files (no shard job runs) and gathers; every row was computed once, but for the
     batch in flight at Ctrl-C."""
     command, env = hook_run(tmp_path)
-    first = start(tmp_path, command, env, HOOK_STOP_AT=str(STOP_AT))
-    shard_0 = tmp_path / "results" / "shards" / "0.parquet"
-    patience.until(lambda: (tmp_path / "stopped.pid").exists() and shard_0.exists()
-                   and "results/shards/0.parquet" not in marks(tmp_path / ".snakemake"),
-                   [tmp_path], first.process, "shard 0 done and shard 1 in its model call")
-    os.killpg(first.process.pid, signal.SIGINT)
-    ended = first.finish("the interrupted run")
-    assert ended.returncode != 0
-    assert "shard 1: stopped by SIGINT at row 41; rerun resumes there" in ended.stdout, ended.stdout[-4000:]
-    assert "Traceback" not in ended.stdout and "KeyboardInterrupt" not in ended.stdout, ended.stdout[-6000:]
-    seen = [int(row) for row in (tmp_path / "seen.txt").read_text().split()]
-    assert sorted(seen) == list(range(41))
-    kept = shard_mtimes(tmp_path)
-    assert list(kept) == ["0.parquet"]
+    shown = ctrl_c_while_shard_1_computes(tmp_path, command, env)
+    assert "shard 1: stopped by SIGINT at row 41; rerun resumes there" in shown, shown[-4000:]
+    assert "Traceback" not in shown and "KeyboardInterrupt" not in shown, shown[-6000:]
+    assert seen_rows(tmp_path) == list(range(41)) and list(shard_mtimes(tmp_path)) == ["0.parquet"]
 
-    (tmp_path / "hold").touch()
-    second = start(tmp_path, command, env, HOOK_HOLD=str(tmp_path / "hold"))
-    patience.until(lambda: (tmp_path / "holding.pid").exists(), [tmp_path], second.process, "shard 1 resumed")
-    os.kill(second.process.pid, signal.SIGINT)  # Snakemake alone: it waits for the running shard job
-    patience.until(lambda: "Terminating processes on user request" in second.output(), [tmp_path], second.process,
-                   "Snakemake to notice")
-    (tmp_path / "hold").unlink()
-    assert second.finish("the run stopped by SIGINT to Snakemake").returncode != 0
+    sigint_to_snakemake_while_shard_1_computes(tmp_path, command, env)
     assert "resumed at row 41 (17 rows kept)" in (tmp_path / "logs" / "infer" / "1.log").read_text()
     assert {"results/shards/1.parquet", "results/files/1"} <= set(marks(tmp_path / ".snakemake"))
     kept = shard_mtimes(tmp_path)
@@ -122,8 +137,7 @@ def test_an_interrupted_run_resumes_by_the_same_command_keeping_every_finished_s
     # recorded as finished, as Snakemake records a job it saw finish: a change of settings reruns it
     record = persistence(tmp_path)._read_record("results/shards/1.parquet")
     assert record is not None and record.rule == "infer" and record.params
-    seen = [int(row) for row in (tmp_path / "seen.txt").read_text().split()]
-    assert sorted(seen) == list(range(ROWS))  # the kept shard's rows were not computed again
+    assert seen_rows(tmp_path) == list(range(ROWS))  # the kept shards' rows were not computed again
     table = read_predictions(tmp_path)
     assert table["index"].tolist() == list(range(ROWS)) and table["id"].tolist() == [f"r{i}" for i in range(ROWS)]
     assert table["y"].tolist() == [i * 3.0 for i in range(ROWS)]
