@@ -94,9 +94,9 @@ def test_the_default_config_resolves_auto_and_says_so(models, tmp_path):
     config = workflow_config("data/input.parquet", models.classifier)
     del config["shards"]
     without = "; --resources gpu=4 set aside: this machine shows no GPU"
+    cores = "no GPU: 2 cores, 1 thread per shard job"
     for args, visible, count, reason in ((("--resources", "gpu=3"), "0,1,2", 3, "--resources gpu=3"),
-                                         ((), "", 2, "no GPU: 2 cores, 1 thread per shard job"),
-                                         (("--resources", "gpu=4"), "", 2, f"no GPU: 2 cores, 1 thread per shard job{without}")):
+                                         ((), "", 2, cores), (("--resources", "gpu=4"), "", 2, cores + without)):
         command, env = prepare_workdir(tmp_path, config, "-n", *args)
         result = patience.run(command, [tmp_path], cwd=tmp_path, env={**env, "CUDA_VISIBLE_DEVICES": visible})
         shown = result.stdout + result.stderr

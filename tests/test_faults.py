@@ -258,15 +258,3 @@ def test_a_read_only_folder_the_run_writes_is_one_line_before_any_job(models, tm
         f"ERROR: `{folder}/` is not writable (Read-only file system): the workflow writes its plan, shards and "
         f"predictions under results/ and its logs under logs/; make `{folder}/` writable, or run from another folder"]
 
-
-def test_the_folders_checked_are_those_the_rules_write_into_top_first(tmp_path, monkeypatch):
-    from shardinfer.checks import written_folders
-
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "results" / "val" / "staged").mkdir(parents=True)  # a folder output, there from an earlier run
-    patterns = ["results/{name}/shards/{shard}.parquet", "logs/{name}/infer/{shard}.log", "results/{name}/staged",
-                "results/tokens/k1/{shard}.parquet", "/elsewhere/{shard}.txt", "results/{name}/plan.json"]
-    assert written_folders(patterns, ["val", "test"]) == [
-        "logs", "results", "logs/test", "logs/val", "results/test", "results/tokens", "results/val",
-        "logs/test/infer", "logs/val/infer", "results/test/shards", "results/tokens/k1", "results/val/shards",
-        "results/val/staged"]

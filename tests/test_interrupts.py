@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 import patience
-from factory import REPO, prepare_workdir, read_predictions
+from factory import prepare_workdir, python_env, read_predictions
 from shardinfer.incomplete import marks, settle, unmark
 from shardinfer.layout import Layout
 
@@ -49,7 +49,8 @@ class Predictor:
             wait_while(os.environ.pop("HOOK_HOLD"))
         with open("seen.txt", "a") as seen:
             seen.write("".join(f"{row}\\n" for row in sorted(rows)))
-        return {"blob": [bytes([int(i)]) * 4 for i in index], "y": [float(v) * 2 for v in table.column("x").to_pylist()]}
+        values = table.column("x").to_pylist()
+        return {"blob": [bytes([int(i)]) * 4 for i in index], "y": [float(v) * 2 for v in values]}
 
 
 def build(model_path, options, device):
@@ -109,6 +110,7 @@ def sigint_to_snakemake_while_shard_1_computes(folder: Path, command: list[str],
     assert run.finish("the run stopped by SIGINT to Snakemake").returncode != 0
 
 
+@pytest.mark.e2e
 def test_an_interrupted_run_resumes_by_the_same_command_keeping_every_finished_shard(tmp_path):
     """Ctrl-C while shard 1 is in a model call (shard 0 done): each job says one line, shard 1
     commits its windows. The same command, stopped by SIGINT to Snakemake alone while shard 1 runs:
@@ -167,7 +169,8 @@ def test_marks_are_read_as_snakemake_writes_them(tmp_path):
     unmark(found[long], tmp_path / ".snakemake")
     unmark(found["results/files/3"], tmp_path / ".snakemake")
     assert sorted(marks(tmp_path / ".snakemake")) == ["results/shards/0.parquet"]
-    assert [path.name for path in (tmp_path / ".snakemake" / "incomplete").iterdir()] == [found["results/shards/0.parquet"].name]
+    left = [path.name for path in (tmp_path / ".snakemake" / "incomplete").iterdir()]
+    assert left == [found["results/shards/0.parquet"].name]
     store._clear_cache()
     assert store._filter_incomplete_keys([long, "results/shards/0.parquet"]) == {"results/shards/0.parquet"}
 
@@ -199,8 +202,7 @@ def test_what_an_interrupted_run_left_unproven_is_removed_to_run_again_and_nothi
 
 
 STARTING = """
-import sys, time
-sys.path.insert(0, {workflow!r})
+import time
 from shardinfer.jobs import quiet_interrupt, run_job
 quiet_interrupt("plan")
 print("importing", flush=True)
@@ -212,9 +214,9 @@ time.sleep(600)  # the imports of a job's script: seconds
 
 @pytest.mark.parametrize("running", [False, True])
 def test_a_job_interrupted_starting_or_running_says_one_line(tmp_path, running):
-    code = STARTING.format(workflow=str(REPO / "workflow"), running=running)
+    code = STARTING.format(running=running)
     job = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
+                           stderr=subprocess.PIPE, text=True, env=python_env())
     assert job.stdout.readline() == "importing\n"
     if running:
         patience.until(lambda: (tmp_path / "job.log").exists(), [tmp_path], job, "the job's log")

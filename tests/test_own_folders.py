@@ -15,6 +15,7 @@ from shardinfer.errors import UserError
 from shardinfer.input.discovery import own_outputs_passed_over, resolve_input
 
 
+@pytest.mark.e2e
 def test_a_folder_or_glob_that_reaches_the_workflows_own_files_passes_over_them(models, tmp_path):
     """`input.path: .` and `**/*.parquet`, from the working directory (named inputs, one run): they
     reach results/ and logs/, which fill with shards and logs as the run goes. Those are never
@@ -32,13 +33,15 @@ def test_a_folder_or_glob_that_reaches_the_workflows_own_files_passes_over_them(
         got = pd.read_parquet(tmp_path / "results" / name / "predictions.parquet")
         assert got["index"].tolist() == list(range(20)) and got["id"].tolist() == frame["id"].tolist()
         plan = json.loads((tmp_path / "results" / name / "plan.json").read_text())
-        assert [part["path"] for part in plan["input"]["parts"]] == [{"glob": "", "folder": "./"}[name] + "data/input.parquet"]
+        found = {"glob": "data/input.parquet", "folder": "./data/input.parquet"}[name]
+        assert [part["path"] for part in plan["input"]["parts"]] == [found]
     again = run_workflow(tmp_path, config)
     shown = again.stdout + again.stderr
     assert again.returncode == 0 and "Nothing to be done" in shown, shown[-3000:]
     # the two tables and two shard files; for `.` the logs' benchmark tables (.tsv) too
     assert ("shardinfer: input.path `**/*.parquet` also matches 4 file(s) in the workflow's own folders (first: "
-            "results/folder/predictions.parquet), passed over: nothing in results/, logs/, .snakemake/ is input") in shown
+            "results/folder/predictions.parquet), passed over: nothing in results/, logs/, .snakemake/ is "
+            "input") in shown
     assert re.search(r"^shardinfer: input.path `.` also matches \d+ file\(s\) in the workflow's own folders \(first: "
                      r"./logs/folder/gather.benchmark.tsv\)", shown, re.M), shown[-3000:]
 

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from factory import settings_for
+from shardinfer.checks import written_folders
 from shardinfer.config import EvaluateSettings, ModelSettings
 from shardinfer.layout import FOLDERS, Layout, fill
 from shardinfer.rule_params import InputJobs
@@ -104,3 +105,14 @@ def test_the_report_items_a_runs_settings_add(task, evaluate, made):
 def test_fill_leaves_the_wildcards_it_is_not_given():
     assert fill("results/{name}/cuts/{shard}.parquet", shard=3) == "results/{name}/cuts/3.parquet"
     assert fill("results/cuts/{shard}.parquet", shard=3, name=None) == "results/cuts/3.parquet"
+
+
+def test_the_folders_checked_are_those_the_rules_write_into_top_first(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results" / "val" / "staged").mkdir(parents=True)  # a folder output, there from an earlier run
+    patterns = ["results/{name}/shards/{shard}.parquet", "logs/{name}/infer/{shard}.log", "results/{name}/staged",
+                "results/tokens/k1/{shard}.parquet", "/elsewhere/{shard}.txt", "results/{name}/plan.json"]
+    assert written_folders(patterns, ["val", "test"]) == [
+        "logs", "results", "logs/test", "logs/val", "results/test", "results/tokens", "results/val",
+        "logs/test/infer", "logs/val/infer", "results/test/shards", "results/tokens/k1", "results/val/shards",
+        "results/val/staged"]

@@ -159,7 +159,8 @@ def test_a_glob_that_matches_no_object_is_refused_in_one_line_when_the_snakefile
     config = factory.workflow_config("data/part-*.parquet", models.classifier)
     (clone / "config" / "config.yaml").write_text(yaml.safe_dump(config))
     command = [sys.executable, "-m", "snakemake", "--profile", "profiles/s3", *s3.storage_args("glob"), "-n"]
-    result = patience.run(command, [clone], cwd=clone, env=plugins.with_plugins({**factory.local_env(clone), **s3.env()}))
+    env = plugins.with_plugins({**factory.local_env(clone), **s3.env()})
+    result = patience.run(command, [clone], cwd=clone, env=env)
     assert result.returncode == 1
     assert ("ERROR: input.path `data/part-*.parquet` matches no objects in the bucket (names starting with `.` or "
             "`_` are skipped)") in result.stdout + result.stderr
@@ -174,6 +175,7 @@ def free_port() -> int:
         return free.getsockname()[1]
 
 
+@pytest.mark.e2e
 def test_a_bucket_that_refuses_or_is_out_of_reach_is_one_line_when_the_snakefile_loads(s3, models, tmp_path):
     """A wrong secret key, a missing bucket, no credentials at all, an endpoint nothing listens on:
     the listing of the input (the run's first request to the bucket) is refused in one line naming
@@ -191,8 +193,8 @@ def test_a_bucket_that_refuses_or_is_out_of_reach_is_one_line_when_the_snakefile
         "wrong secret": ({**s3.env(), "SNAKEMAKE_STORAGE_S3_SECRET_KEY": "wrong"}, s3.storage_args("refused"),
                          f"ERROR: {where} refused the credentials listing `{s3.url('refused')}` "
                          "(SignatureDoesNotMatch: "),
-        "missing bucket": (s3.env(), ["--default-storage-prefix", "s3://no-such-bucket/run", "--storage-s3-endpoint-url",
-                                      s3.endpoint],
+        "missing bucket": (s3.env(), ["--default-storage-prefix", "s3://no-such-bucket/run",
+                                      "--storage-s3-endpoint-url", s3.endpoint],
                            f"ERROR: the bucket of `s3://no-such-bucket/run` does not exist in {where} (NoSuchBucket: "),
         "no credentials": (nowhere, s3.storage_args("refused"),
                            f"ERROR: no credentials to list `{s3.url('refused')}` in {where}: set "
@@ -252,7 +254,8 @@ def test_the_kubernetes_profile_gives_each_shard_pod_a_gpu_limit(s3, models, tmp
     s3.put(f"kubernetes/{INPUT}", factory.write_input(factory.input_frame(10), tmp_path / "in.parquet").read_bytes())
     command = [sys.executable, "-m", "snakemake", "--profile", "profiles/kubernetes", *s3.storage_args("kubernetes"),
                "-n", "--forceall"]
-    result = patience.run(command, [clone], cwd=clone, env=plugins.with_plugins({**factory.local_env(clone), **s3.env()}))
+    env = plugins.with_plugins({**factory.local_env(clone), **s3.env()})
+    result = patience.run(command, [clone], cwd=clone, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     block = result.stdout.split("rule infer:")[1]
     printed = re.search(r"resources: (.*)", block).group(1)

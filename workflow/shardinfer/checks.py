@@ -79,7 +79,8 @@ def written_folders(patterns: Iterable[str], names: Iterable[str | None]) -> lis
     for pattern in patterns:
         for name in names:
             literal = (pattern if name is None else pattern.replace("{name}", name)).split("{", 1)[0]
-            folder = literal.rstrip("/") if literal.endswith("/") or os.path.isdir(literal) else os.path.dirname(literal)
+            is_folder = literal.endswith("/") or os.path.isdir(literal)
+            folder = literal.rstrip("/") if is_folder else os.path.dirname(literal)
             parts = Path(os.path.normpath(folder)).parts if folder else ()
             if parts[:1] and parts[0] in WRITTEN_UNDER:
                 folders.update(os.path.join(*parts[:depth]) for depth in range(1, len(parts) + 1))
