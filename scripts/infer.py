@@ -11,11 +11,11 @@ from shardinfer.shard.job import run_shard  # noqa: E402
 from shardinfer.shard.runtime import ShardJob  # noqa: E402
 from shardinfer.stored_model import with_staged  # noqa: E402
 
-snakemake = globals()["snakemake"]  # the job object injected by the script: directive
-
-# Under the guard: a process spawned from this job (a multi-GPU vLLM engine's workers) re-imports
-# this file as __mp_main__ and must not run the shard again.
+# Everything under the guard: a process spawned from this job (a multi-GPU vLLM engine's workers)
+# runs this file again as __mp_main__, without the job object Snakemake injected, and must not run
+# the shard again.
 if __name__ == "__main__":
+    snakemake = globals()["snakemake"]  # the job object injected by the script: directive
     # Without a shared filesystem, the model is where its copies were downloaded.
     settings = job_settings(snakemake.params.settings, snakemake.config)
     settings = with_staged(settings, snakemake.input.get("model"), snakemake.input.get("adapter"))

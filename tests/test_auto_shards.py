@@ -17,11 +17,13 @@ from shardinfer.auto_shards import (
     RESOLVED_VAR,
     Machine,
     auto_shards,
+    check_gpus_given,
     missing_gpus,
     resolve_auto_shards,
     resource_value,
     uses_auto,
 )
+from shardinfer.errors import UserError
 
 
 def machine(**given) -> Machine:
@@ -46,6 +48,28 @@ def machine(**given) -> Machine:
 def test_the_count_follows_the_machine(given, count, threads, reason):
     resolved = auto_shards(machine(**given), gpu_threads=4)
     assert (resolved.count, resolved.threads, resolved.reason) == (count, threads, reason)
+
+
+@pytest.mark.parametrize("given,count,threads,reason", [
+    ({"gpus": 8}, 4, 4, "--resources gpu=8, 2 per engine"),
+    ({"gpus": 3}, 1, 4, "--resources gpu=3, 2 per engine"),
+    ({"job_slots": 16}, 16, 4, "--jobs 16 on a cluster executor"),  # a job slot runs one engine, on its GPUs
+    ({"visible_gpus": 8, "cores": 64}, 4, 4, "8 GPU(s) on this machine, 2 per engine"),
+    ({"cores": 2}, 1, 2, "no GPU: 2 cores, 2 threads per shard job"),  # a core per CPU worker
+    ({"cores": 64}, CPU_SHARDS, 8, "no GPU: 64 cores, 8 threads per shard job"),
+    ({"cores": 5}, 2, 2, "no GPU: 5 cores, 2 threads per shard job"),
+])
+def test_the_count_is_of_engines_not_devices(given, count, threads, reason):
+    """An engine that spans 2 devices (vLLM's tensor parallel 2) counts once."""
+    resolved = auto_shards(machine(**given), gpu_threads=4, per_engine=2)
+    assert (resolved.count, resolved.threads, resolved.reason) == (count, threads, reason)
+
+
+def test_fewer_gpus_given_than_one_engine_spans_is_refused_in_one_line():
+    check_gpus_given(None, 2, "generate.vllm.x") or check_gpus_given(2, 2, "generate.vllm.x")
+    with pytest.raises(UserError, match=re.escape("--resources gpu=1 is fewer than the 2 GPUs one engine spans "
+                                                  "(generate.vllm.x is 2); give at least gpu=2")):
+        check_gpus_given(1, 2, "generate.vllm.x")
 
 
 def test_resources_are_read_as_snakemake_holds_them():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -17,12 +18,20 @@ from factory import build_tiny_causal_lm, settings_for
 from shardinfer.config import BatchSettings, ModelSettings
 from shardinfer.errors import UserError
 from shardinfer.settings_digest import output_digest
-from shardinfer.tasks import engine_class
+from shardinfer.tasks import engine_class, engine_devices
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.generate import Generate
-from shardinfer.tasks.vllm.checks import check_lora, check_vllm_settings, generation_config_of, generation_to_vllm
+from shardinfer.tasks.vllm.checks import (
+    SPANS_SETTING,
+    Span,
+    check_lora,
+    check_vllm_settings,
+    generation_config_of,
+    generation_to_vllm,
+)
 from shardinfer.tasks.vllm.engine import EngineProgress, engine_arguments, kv_bytes_per_token
 from shardinfer.tasks.vllm.matching import finish_code, matched_results
+from shardinfer.tasks.vllm.parallel import cpu_binding, place_workers
 from shardinfer.tasks.vllm.task import VllmGenerate, row_seed
 
 EOS = [3, 9]
@@ -78,11 +87,33 @@ def test_arguments_the_workflow_sets_are_refused_in_generate_vllm(lm):
             check_vllm_settings(str(lm), None, {"vllm": {key: 1}})
 
 
-@pytest.mark.parametrize("key", ["tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"])
-def test_more_than_the_one_leased_gpu_is_refused(lm, key):
-    check_vllm_settings(str(lm), None, {"vllm": {key: 1}})
-    with pytest.raises(UserError, match=f"generate.vllm.{key} is 2, but a shard job leases one GPU"):
-        check_vllm_settings(str(lm), None, {"vllm": {key: 2}})
+def test_an_engine_spans_its_tensor_times_pipeline_parallel_size(lm):
+    """The devices one engine spans, which the infer rule asks for (`resources: gpu`); the
+    transformers engine spans one, and refuses parallel sizes instead of ignoring them."""
+    both = {"engine": "vllm", "vllm": {"tensor_parallel_size": 2, "pipeline_parallel_size": 2}}
+    check_vllm_settings(str(lm), None, both)
+    assert VllmGenerate.devices(both) == 4 and VllmGenerate.devices({"engine": "vllm"}) == 1
+    assert Generate.devices(both) == 1
+    assert engine_devices({"model": {"task": "generate"}, "generate": both}) == (4, SPANS_SETTING)
+    assert engine_devices({"model": {"task": "classify"}}) == (1, "")
+    with pytest.raises(UserError, match="generate.vllm sets tensor_parallel_size 2 x pipeline_parallel_size 1, but "
+                                        "generate.engine transformers runs a model on one device; set generate.engine: "
+                                        "vllm"):
+        Generate.check_settings(generate_settings(lm, vllm={"tensor_parallel_size": 2}))
+
+
+@pytest.mark.parametrize("vllm,says", [
+    ({"tensor_parallel_size": 0}, "generate.vllm.tensor_parallel_size must be an integer >= 1 (the devices one "
+                                  "engine spans); got 0"),
+    ({"pipeline_parallel_size": "two"}, "generate.vllm.pipeline_parallel_size must be an integer >= 1"),
+    ({"tensor_parallel_size": True}, "generate.vllm.tensor_parallel_size must be an integer >= 1"),
+    ({"data_parallel_size": 2}, "generate.vllm.data_parallel_size is 2; each shard job runs one engine, so run more "
+                                "shards instead"),
+    ({"distributed_executor_backend": "ray"}, "generate.vllm.distributed_executor_backend is set by the workflow"),
+])
+def test_parallel_settings_an_engine_cannot_take_are_refused(lm, vllm, says):
+    with pytest.raises(UserError, match=re.escape(says)):
+        check_vllm_settings(str(lm), None, {"engine": "vllm", "vllm": vllm})
 
 
 def test_without_a_generation_config_the_model_config_decides_as_in_transformers(tmp_path):
@@ -124,6 +155,43 @@ def test_engine_arguments_on_cpu(lm, tmp_path):
     assert "kv_cache_memory_bytes" not in user and user["gpu_memory_utilization"] == 0.05 and not user["enforce_eager"]
     adapted = engine_arguments(dataclasses.replace(context, settings=generate_settings(lm, adapter_dir(tmp_path))))
     assert (adapted["enable_lora"], adapted["max_loras"], adapted["max_lora_rank"]) == (True, 1, 8)
+
+
+def test_a_parallel_engine_runs_its_workers_as_processes_of_this_node(lm):
+    context = LoadContext(generate_settings(lm, engine="vllm", vllm={"tensor_parallel_size": 2}), torch.device("cpu"),
+                          torch.float32)
+    arguments = engine_arguments(context)
+    assert arguments["tensor_parallel_size"] == 2 and arguments["distributed_executor_backend"] == "mp"
+    assert "distributed_executor_backend" not in engine_arguments(dataclasses.replace(
+        context, settings=generate_settings(lm, engine="vllm")))
+
+
+@pytest.mark.parametrize("workers,threads,allowed,binding", [
+    (2, 2, [0, 1], "0|1"), (2, 4, list(range(8)), "0,1|2,3"), (2, 3, [4, 6, 9], "4|6"), (4, 4, [0, 1, 2, 3], "0|1|2|3"),
+])
+def test_cpu_workers_are_bound_to_cores_of_their_own_among_the_jobs(workers, threads, allowed, binding):
+    assert cpu_binding(workers, threads, allowed) == binding
+
+
+@pytest.mark.parametrize("threads,allowed,says", [
+    (1, [0, 1], "this job has 1 thread(s) on 2 allowed CPU(s); give it at least 2 (--set-threads infer=2"),
+    (4, [3], "this job has 4 thread(s) on 1 allowed CPU(s)"),
+])
+def test_too_few_cores_for_the_cpu_workers_is_refused_in_one_line(threads, allowed, says):
+    with pytest.raises(UserError) as refused:
+        cpu_binding(2, threads, allowed)
+    assert str(refused.value).startswith(f"{SPANS_SETTING} is 2: on CPU each of the engine's 2 workers needs a core "
+                                         "of its own, but ") and says in str(refused.value)
+
+
+def test_what_a_device_cannot_span_is_refused_before_vllm_starts():
+    with pytest.raises(UserError, match="generate.vllm.pipeline_parallel_size is 2, which vLLM's CPU build does not "
+                                        "run in eager mode; on CPU use tensor_parallel_size"):
+        place_workers(Span(1, 2), "cpu", 2)
+    with pytest.raises(UserError, match=re.escape(f"{SPANS_SETTING} is 2, but CUDA sees 0 GPU(s) in this job")):
+        place_workers(Span(2, 1), "cuda", 4)  # this machine's CUDA sees none
+    assert place_workers(Span(), "cpu", 3) == "1 worker on this job's 3 CPU thread(s): tensor_parallel_size 1 x " \
+                                             "pipeline_parallel_size 1"
 
 
 def test_the_engine_and_its_settings_are_in_the_shard_digest(lm):

@@ -53,8 +53,10 @@ on_python_path(package_root())
 
 from shardinfer.auto_shards import (
     RESOLVED_VAR,
+    check_gpus_given,
     missing_gpus,
     resolve_auto_shards,
+    resource_value,
     uses_auto,
 )
 from shardinfer.checks import (
@@ -72,7 +74,7 @@ from shardinfer.input.shard_bound import shard_count_note
 from shardinfer.layout import FOLDERS, Layout
 from shardinfer.rule_params import jobs_by_input, tokenizer_key
 from shardinfer.stored_model import HANDED_VAR
-from shardinfer.tasks import task_class
+from shardinfer.tasks import engine_devices, task_class
 from shardinfer.terminal import summary_lines
 
 # Without a shared filesystem: a default storage provider (S3, ...) holds the input and every result,
@@ -89,15 +91,18 @@ STORAGE_PREFIX = (
 SCHEMA = "../schemas/config.schema.yaml"
 
 # Threads of each shard job (rule infer) and token-writing job (rule tokenize) on a GPU machine or a
-# cluster: feeding the GPU. `shards: auto` without a GPU splits the cores between shard jobs instead.
+# cluster: feeding the GPU (at least one per GPU of an engine that spans several). `shards: auto`
+# without a GPU splits the cores between shard jobs instead.
 GPU_JOB_THREADS = 4
 
 
-def resolve_auto(config):
-    """What `shards: auto` stands for in this run (None: no input uses it), said once on the terminal."""
+def resolve_auto(config, per_engine):
+    """What `shards: auto` stands for in this run (None: no input uses it), said once on the
+    terminal: engines, each spanning `per_engine` devices."""
     if not uses_auto(config):
         return None
-    resolved = resolve_auto_shards(workflow, GPU_JOB_THREADS)
+    threads = max(GPU_JOB_THREADS, per_engine)
+    resolved = resolve_auto_shards(workflow, threads, per_engine=per_engine)
     # Declared, so that executors without a shared environment (Kubernetes: a secret per run) hand
     # the main process's count to every job; a job that lacks it stops instead of planning another.
     workflow.register_envvars(RESOLVED_VAR)
@@ -109,8 +114,9 @@ def resolve_auto(config):
 def load_inputs(config):
     """Validate the config (filling defaults) and check it against the file system, once: what the
     jobs of each input take, by name (None for the one `input`: shardinfer.rule_params), what
-    `shards: auto` resolved to (None: no input uses it) and, without a shared filesystem, the
-    model's files the main process read. A bad value is refused in one line.
+    `shards: auto` resolved to (None: no input uses it), without a shared filesystem the model's
+    files the main process read, and the devices one engine spans (`Task.devices`). A bad value
+    is refused in one line.
     """
     try:
         check_input_keys(config)
@@ -118,7 +124,12 @@ def load_inputs(config):
         validate(config, SCHEMA)
         if STORAGE:
             check_storage_inputs(config)
-        auto = resolve_auto(config)
+        devices, setting = engine_devices(config)
+        # Not again in each job, which is given its own resources.
+        if workflow.is_main_process:
+            gpus = resource_value(workflow.global_resources.get("gpu"))
+            check_gpus_given(gpus, devices, setting)
+        auto = resolve_auto(config, devices)
         listed = listed_in_bucket(config)
         inputs, model = jobs_by_input(
             config, STORAGE, workflow.is_main_process, auto and auto.count, listed
@@ -134,7 +145,7 @@ def load_inputs(config):
         notes.append(missing_gpus(workflow))
         for note in filter(None, notes):
             logger.warning(note)
-    return inputs, auto, model
+    return inputs, auto, model, devices
 
 
 def before_any_job():
@@ -195,12 +206,13 @@ def listed_in_bucket(config):
     return bucket_listing(provider, STORAGE_PREFIX, input_paths(config))
 
 
-# What the jobs of each input take (shardinfer.rule_params), by name ({None: ...} for the one `input`).
-INPUTS, AUTO, MODEL_FILES = load_inputs(config)
+# What the jobs of each input take (shardinfer.rule_params), by name ({None: ...} for the one `input`),
+# and the GPUs each shard job asks for: the devices one engine spans (generate.vllm's parallel sizes).
+INPUTS, AUTO, MODEL_FILES, ENGINE_DEVICES = load_inputs(config)
 # Every path of the run, and each rule's inputs and outputs that depend on it (shardinfer.layout).
 LAYOUT = Layout.of(INPUTS, STORAGE, STORAGE_PREFIX, tokenizer_key(INPUTS, MODEL_FILES))
 # The threads of rule infer's and rule tokenize's jobs.
-INFER_THREADS = AUTO.threads if AUTO else GPU_JOB_THREADS
+INFER_THREADS = AUTO.threads if AUTO else max(GPU_JOB_THREADS, ENGINE_DEVICES)
 # The model, batch and task settings: the same for every input.
 SETTINGS = next(iter(INPUTS.values())).settings
 # Without a shared filesystem, the model's copies in storage that the jobs read, by rule input (rule

@@ -21,7 +21,9 @@ rule infer:
         "../../envs/inference.yaml"
     threads: INFER_THREADS
     resources:
-        gpu=1,
+        # The devices one engine spans (1, or generate.vllm's tensor x pipeline parallel sizes),
+        # leased together by the job; the Slurm plugin asks `sbatch --gpus=` for them.
+        gpu=ENGINE_DEVICES,
     params:
         settings=LAYOUT.input_value("job_settings"),
         digest=LAYOUT.input_value("digest"),

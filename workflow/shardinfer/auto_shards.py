@@ -3,8 +3,9 @@
 Each shard job pays a fixed cost (starting Python, torch and transformers and loading the model:
 seconds), so shards beyond what runs at once buy nothing but start-ups: on a 2-core machine
 without a GPU, four shards run two by two and pay four start-ups. `auto` asks for as many shards
-as run at once: one per GPU given by `--resources gpu=N`, one per job slot (`--jobs`) on a cluster
-executor, one per GPU this machine shows, and without a GPU one per core (at most CPU_SHARDS).
+as engines run at once: one per GPU given by `--resources gpu=N`, one per job slot (`--jobs`) on a
+cluster executor, one per GPU this machine shows, and without a GPU one per core (at most
+CPU_SHARDS); an engine that spans several devices (vLLM's tensor parallel) counts once.
 `--resources gpu=N` on a machine that shows no GPU (the local executor: its jobs run here) counts
 the cores, as without it: N shards of a GPU's threads would run one at a time on the CPU
 (`missing_gpus` says so when the run starts).
@@ -22,6 +23,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
 from shardinfer.devices import candidate_devices, detect_gpu_count
+from shardinfer.errors import UserError
 
 AUTO = "auto"
 # The count the main Snakemake process resolved, for its jobs on other machines: they parse the
@@ -56,25 +58,36 @@ class AutoShards:
     reason: str
 
 
-def auto_shards(machine: Machine, gpu_threads: int) -> AutoShards:
-    """The shards for `machine`. With GPUs (or a cluster's nodes), each shard job keeps
-    `gpu_threads` to feed its GPU. Without, the cores are split between at most CPU_SHARDS jobs:
-    on 2 cores, two 1-thread shard jobs take 0.8x the wall time of one 2-thread job (the demo,
-    3,000 texts), since each job's start-up and tokenizing run on a core of their own."""
+def auto_shards(machine: Machine, gpu_threads: int, per_engine: int = 1) -> AutoShards:
+    """The shards for `machine`: one per engine that runs at once, where each engine spans
+    `per_engine` devices (`Task.devices`: GPUs, or cores on CPU). With GPUs (or a cluster's nodes),
+    each shard job keeps `gpu_threads` to feed its GPUs. Without, the cores are split between at
+    most CPU_SHARDS jobs of at least `per_engine` threads: on 2 cores, two 1-thread shard jobs take
+    0.8x the wall time of one 2-thread job (the demo, 3,000 texts), since each job's start-up and
+    tokenizing run on a core of their own."""
+    each = f", {per_engine} per engine" if per_engine > 1 else ""
     if machine.gpus and (machine.visible_gpus or machine.job_slots):
-        return AutoShards(min(machine.gpus, MOST), machine.set_threads or gpu_threads,
-                          f"--resources gpu={machine.gpus}")
+        return AutoShards(min(max(1, machine.gpus // per_engine), MOST), machine.set_threads or gpu_threads,
+                          f"--resources gpu={machine.gpus}{each}")
     if machine.job_slots:
         return AutoShards(min(machine.job_slots, MOST), machine.set_threads or gpu_threads,
                           f"--jobs {machine.job_slots} on a cluster executor")
     if machine.visible_gpus:
-        return AutoShards(min(machine.visible_gpus, MOST), machine.set_threads or gpu_threads,
-                          f"{machine.visible_gpus} GPU(s) on this machine")
-    threads = machine.set_threads or max(1, machine.cores // CPU_SHARDS)
+        return AutoShards(min(max(1, machine.visible_gpus // per_engine), MOST), machine.set_threads or gpu_threads,
+                          f"{machine.visible_gpus} GPU(s) on this machine{each}")
+    threads = machine.set_threads or max(per_engine, machine.cores // CPU_SHARDS)
     count = max(1, min(machine.cores // threads, CPU_SHARDS))
     cores, said = plural(machine.cores, "core"), plural(threads, "thread")
     given = f"; --resources gpu={machine.gpus} set aside: this machine shows no GPU" if machine.gpus else ""
     return AutoShards(count, threads, f"no GPU: {cores}, {said} per shard job{given}")
+
+
+def check_gpus_given(gpus: int | None, per_engine: int, setting: str) -> None:
+    """`--resources gpu=N` fewer than one engine's GPUs is refused: Snakemake would cut each shard
+    job's request down to N, while the job still needs (and leases) `per_engine`."""
+    if gpus is not None and gpus < per_engine:
+        raise UserError(f"--resources gpu={gpus} is fewer than the {per_engine} GPUs one engine spans ({setting} is "
+                        f"{per_engine}); give at least gpu={per_engine}, or lower {setting}")
 
 
 def plural(count: int, word: str) -> str:
@@ -112,13 +125,14 @@ def missing_gpus(workflow, env: Mapping[str, str] = os.environ) -> str | None:
             "visible): the shard jobs will run on the CPU")
 
 
-def resolve_auto_shards(workflow, gpu_threads: int, env: MutableMapping[str, str] = os.environ) -> AutoShards:
+def resolve_auto_shards(workflow, gpu_threads: int, env: MutableMapping[str, str] = os.environ,
+                        per_engine: int = 1) -> AutoShards:
     """`auto` for this run: resolved in the main process and handed on in RESOLVED_VAR
     ("count,threads") to the jobs that parse the Snakefile again elsewhere, which take it as it is."""
     handed = env.get(RESOLVED_VAR, "").split(",")
     if not workflow.is_main_process and len(handed) == 2 and all(part.isdigit() for part in handed):
         return AutoShards(int(handed[0]), int(handed[1]), "as the main Snakemake process resolved it")
-    resolved = auto_shards(machine_of(workflow, env), gpu_threads)
+    resolved = auto_shards(machine_of(workflow, env), gpu_threads, per_engine)
     if workflow.is_main_process:
         env[RESOLVED_VAR] = f"{resolved.count},{resolved.threads}"
     return resolved

@@ -1,8 +1,11 @@
-"""One GPU per job: use the scheduler's choice, or take an exclusive lease on a free device.
+"""The GPUs of a job: use the scheduler's choice, or take an exclusive lease on free devices.
 
 Snakemake's local executor only counts GPU jobs (`--resources gpu=N`); it never says which device
 a job should use. So each job locks one file per device with `flock`: the lock is exclusive, and
-the kernel drops it when the process exits, however it dies. Knows nothing of models or torch.
+the kernel drops it when the process exits, however it dies. A job whose engine spans several
+devices takes them all or none: it tries the devices in one order without waiting, and when it
+gets fewer than it needs it lets go of them before it waits, so two jobs can never each hold some
+and wait for the rest. Knows nothing of models or torch.
 """
 
 from __future__ import annotations
@@ -10,12 +13,13 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import random
 import re
 import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -34,24 +38,28 @@ NOTICE_EVERY_S = 60.0
 
 
 class LeaseTimeout(UserError):
-    """No device became free within the allowed wait."""
+    """Not enough devices became free within the allowed wait."""
 
 
 @dataclass
 class Lease:
-    """The device a job runs on; `visible` is what CUDA_VISIBLE_DEVICES was set to ('' for CPU)."""
+    """The devices a job runs on; `visible` is what CUDA_VISIBLE_DEVICES was set to ('' for CPU)."""
 
     visible: str
     source: str
-    handle: IO | None = None
+    handles: list[IO] = field(default_factory=list)
+
+    @property
+    def devices(self) -> list[str]:
+        return [device for device in self.visible.split(",") if device]
 
     def release(self) -> None:
-        if self.handle is not None:
-            self.handle.close()
-            self.handle = None
+        for handle in self.handles:
+            handle.close()
+        self.handles = []
 
     def export(self) -> None:
-        """Make the leased device the only one CUDA sees in this process."""
+        """Make the leased devices the only ones CUDA sees in this process (and the processes it starts)."""
         os.environ["CUDA_VISIBLE_DEVICES"] = self.visible
 
 
@@ -83,14 +91,10 @@ def candidate_devices(env: Mapping[str, str], count_gpus: Callable[[], int]) -> 
     return [str(i) for i in range(count_gpus())]
 
 
-def scheduler_assigned(env: Mapping[str, str]) -> bool:
-    """True inside a batch-scheduler job that was given exactly one device (Slurm's --gpus=1).
-
-    A job given several (snakemake itself running inside one multi-GPU allocation) still leases
-    among them, so that its concurrent shard jobs spread over the devices.
-    """
-    given = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    return len(given) == 1 and any(var in env for var in SCHEDULER_JOB_VARS)
+def scheduler_given(env: Mapping[str, str]) -> list[str] | None:
+    """The devices a batch-scheduler job was given (Slurm's --gpus=N); None outside one, or none given."""
+    given = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return given if given and any(var in env for var in SCHEDULER_JOB_VARS) else None
 
 
 def allocation_lock_dir(lock_dir: Path, env: Mapping[str, str]) -> Path:
@@ -107,48 +111,86 @@ def _try_lock(lock_dir: Path, device: str) -> IO | None:
     except BlockingIOError:
         handle.close()
         return None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
-    handle.flush()
     return handle
 
 
-def acquire_device(
+def _lock_together(lock_dir: Path, devices: list[str], count: int) -> tuple[list[str], list[IO]] | None:
+    """`count` of `devices`, tried in their order without waiting: all of them, or none held."""
+    taken: list[tuple[str, IO]] = []
+    for device in devices:
+        handle = _try_lock(lock_dir, device)
+        if handle is not None:
+            taken.append((device, handle))
+        if len(taken) == count:
+            return [device for device, _ in taken], [handle for _, handle in taken]
+    for _, handle in taken:
+        handle.close()
+    return None
+
+
+def _sign(handles: list[IO]) -> None:
+    """Who holds each lock, for a person reading the lock files."""
+    for handle in handles:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+        handle.flush()
+
+
+def too_few(count: int, devices: list[str], where: str, asked_by: str) -> UserError:
+    shown = f" ({', '.join(devices)})" if devices else ""
+    return UserError(f"{asked_by} is {count}: one engine spans {count} GPUs, but {where} {len(devices)}{shown}; "
+                     f"lower it, or give each shard job {count} GPUs")
+
+
+def acquire_devices(
+    count: int = 1,
     env: Mapping[str, str] | None = None,
     lock_dir: Path | None = None,
     count_gpus: Callable[[], int] = detect_gpu_count,
     wait_s: float | None = None,
     poll_s: float = 1.0,
+    asked_by: str = "the GPUs per engine",
 ) -> Lease:
-    """Choose this job's device; the caller exports `lease.visible` before CUDA starts.
+    """Choose this job's `count` devices; the caller exports `lease.visible` before CUDA starts.
 
-    Waits (logging that it waits) while every device is leased; `wait_s` None waits for ever.
+    A scheduler job given exactly `count` uses them as given; otherwise `count` free devices are
+    leased together, waiting (and logging that it waits) while fewer are free; `wait_s` None waits
+    for ever. `asked_by` names the setting `count` comes from, for the refusal when too few exist.
     """
     env = os.environ if env is None else env
-    if scheduler_assigned(env):
-        log.info("device: CUDA_VISIBLE_DEVICES=%s, given by the scheduler", env["CUDA_VISIBLE_DEVICES"])
-        return Lease(visible=env["CUDA_VISIBLE_DEVICES"], source="scheduler")
+    given = scheduler_given(env)
+    if given is not None and len(given) == count:
+        log.info("device: CUDA_VISIBLE_DEVICES=%s, given by the scheduler", ",".join(given))
+        return Lease(visible=",".join(given), source="scheduler")
+    if given is not None and len(given) < count:
+        raise too_few(count, given, "the scheduler gave this job", asked_by)
     devices = candidate_devices(env, count_gpus)
     if not devices:
         log.info("device: no GPU found; running on CPU")
         return Lease(visible="", source="none")
-    lock_dir = allocation_lock_dir(lock_dir or default_lock_dir(), env)
+    if len(devices) < count:
+        raise too_few(count, devices, "this job sees", asked_by)
+    return _wait_for_lease(allocation_lock_dir(lock_dir or default_lock_dir(), env), devices, count, wait_s, poll_s)
+
+
+def _wait_for_lease(lock_dir: Path, devices: list[str], count: int, wait_s: float | None, poll_s: float) -> Lease:
+    """Try for `count` devices together until they are free; between tries, hold none."""
     lock_dir.mkdir(parents=True, exist_ok=True)
-    started, last_notice = time.monotonic(), None
+    started, last_notice, what = time.monotonic(), None, "a free GPU" if count == 1 else f"{count} free GPUs at once"
     while True:
-        for device in devices:
-            handle = _try_lock(lock_dir, device)
-            if handle is not None:
-                log.info("device: leased GPU %s (lock in %s)", device, lock_dir)
-                return Lease(visible=device, source="lease", handle=handle)
+        leased = _lock_together(lock_dir, devices, count)
+        if leased is not None:
+            _sign(leased[1])
+            log.info("device: leased GPU %s (lock in %s)", ",".join(leased[0]), lock_dir)
+            return Lease(visible=",".join(leased[0]), source="lease", handles=leased[1])
         waited = time.monotonic() - started
         if wait_s is not None and waited >= wait_s:
             raise LeaseTimeout(
-                f"no free GPU among {', '.join(devices)} after {waited:.0f} s (limit {WAIT_VAR}={wait_s:g}); "
-                f"other jobs hold them (see the lock files in {lock_dir})"
+                f"could not lease {what} among {', '.join(devices)} after {waited:.0f} s "
+                f"(limit {WAIT_VAR}={wait_s:g}); other jobs hold them (see the lock files in {lock_dir})"
             )
         if last_notice is None or time.monotonic() - last_notice >= NOTICE_EVERY_S:
-            log.info("waiting for a free GPU: all of %s are leased (locks in %s)", ", ".join(devices), lock_dir)
+            log.info("waiting for %s among %s: other jobs lease them (locks in %s)", what, ", ".join(devices), lock_dir)
             last_notice = time.monotonic()
-        time.sleep(poll_s)
+        time.sleep(poll_s * random.uniform(0.5, 1.5))  # jittered: two jobs that collided try apart next time

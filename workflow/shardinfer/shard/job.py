@@ -28,7 +28,6 @@ from shardinfer.atomic import atomic_parquet_writer
 from shardinfer.contract.content_digest import ContentHasher
 from shardinfer.contract.row_files import staging_folder
 from shardinfer.contract.shard_file import STATS_KEY, computed
-from shardinfer.devices import acquire_device, default_wait_s
 from shardinfer.errors import UserError
 from shardinfer.hf.tokens import check_token_file, token_identity
 from shardinfer.hf.transformers_import import hide_sklearn_from_transformers
@@ -40,7 +39,7 @@ from shardinfer.shard.pipeline import Pipeline
 from shardinfer.shard.progress import Progress
 from shardinfer.shard.resume import assemble, keep_committed, left_for_rerun, remove_windows, windows_folder
 from shardinfer.shard.row_files import staged_files
-from shardinfer.shard.runtime import Runtime, ShardJob, start_runtime
+from shardinfer.shard.runtime import Runtime, ShardJob, lease_devices, start_runtime
 from shardinfer.shard.stats import Tally, WindowCost
 from shardinfer.shard.stop import Terminated, stop_on_signals
 from shardinfer.shard.writer import Writer, Written
@@ -184,7 +183,7 @@ def compute_shard(job: ShardJob) -> dict:
     if job.tokens is not None:  # refuse token ids of another plan or tokenizer before loading anything
         check_token_file(job.tokens, token_identity(plan, job.shard, job.tokenizer_key))
     os.environ.setdefault("RAYON_NUM_THREADS", str(job.threads))  # the tokenizer's threads: this job's share
-    lease = acquire_device(wait_s=default_wait_s())
+    lease = lease_devices(job.settings)
     lease.export()
     try:
         stats = write_shard(job, plan, start_runtime(job, lease), began)

@@ -14,7 +14,7 @@ import torch
 
 from shardinfer.batching import batch_budget
 from shardinfer.config import BatchSettings, Settings
-from shardinfer.devices import Lease
+from shardinfer.devices import Lease, acquire_devices, default_wait_s
 from shardinfer.hf.models import choose_device, choose_dtype
 from shardinfer.tasks import engine_class
 from shardinfer.tasks.base import LoadContext, Task
@@ -45,13 +45,23 @@ class Runtime:
     batch: BatchSettings  # batch.max_tokens resolved for this device (`auto`)
 
 
+def lease_devices(settings: Settings) -> Lease:
+    """This job's devices: as many as one engine of its task spans (`Task.devices`: the infer rule's
+    `resources: gpu`), leased together, or the scheduler's."""
+    engine = engine_class(settings)
+    count = engine.devices(settings.task_settings)
+    return acquire_devices(count, wait_s=default_wait_s(), asked_by=engine.devices_setting or "the GPUs per engine")
+
+
 def start_runtime(job: ShardJob, lease: Lease) -> Runtime:
     """Pick device and precision, then load the task (its model, tokenizer or the user's code)."""
     settings = job.settings
     device = choose_device(job.threads)
     dtype = choose_dtype(settings.model.dtype, device)
     if device.type == "cuda":
-        where = f"cuda (CUDA_VISIBLE_DEVICES={lease.visible}, {torch.cuda.get_device_name(device)})"
+        count = torch.cuda.device_count()
+        name = torch.cuda.get_device_name(device) if count == 1 else f"{count} x {torch.cuda.get_device_name(device)}"
+        where = f"cuda (CUDA_VISIBLE_DEVICES={lease.visible}, {name})"
     else:
         where = f"cpu ({torch.get_num_threads()} threads)"
     log.info("running on %s in %s", where, dtype)

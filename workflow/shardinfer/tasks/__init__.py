@@ -37,9 +37,22 @@ def task_class(task: str) -> type:
 def engine_class(settings) -> type:
     """The class that runs the settings' task: the task's own, or its subclass for the engine that
     the task's section names (`generate.engine: vllm`)."""
-    engine = settings.task_settings.get("engine")
-    spec = ENGINES.get(settings.model.task, {}).get(engine)
-    return _class_at(spec) if spec else task_class(settings.model.task)
+    return engine_class_of(settings.model.task, settings.task_settings)
+
+
+def engine_class_of(task: str, section: dict) -> type:
+    """`engine_class` from the task's name and its config section (before settings are built)."""
+    spec = ENGINES.get(task, {}).get(section.get("engine"))
+    return _class_at(spec) if spec else task_class(task)
+
+
+def engine_devices(config: dict) -> tuple[int, str]:
+    """The devices one engine spans for a validated config (`Task.devices`: the infer rule's GPUs),
+    and the setting that says so (`Task.devices_setting`), for messages."""
+    task = config["model"]["task"]
+    section = config.get(task) or {}
+    engine = engine_class_of(task, section)
+    return engine.devices(section), engine.devices_setting
 
 
 def output_columns(task: str) -> tuple[str, ...]:

@@ -115,6 +115,8 @@ class Task:
     # Whether its engine schedules its own batches (vLLM: a window whole), so batch.max_tokens and
     # batch.max_rows do not apply and the shard log does not claim them.
     own_batches: ClassVar[bool] = False
+    # The setting `devices` reads, named where too few devices are found for it ("" when none).
+    devices_setting: ClassVar[str] = ""
 
     @classmethod
     def load(cls, context: LoadContext) -> Task:
@@ -130,6 +132,13 @@ class Task:
     def check_settings(cls, settings: Settings) -> None:
         """The task's own checks of the settings against the file system, when the Snakefile loads
         (torch-free, before any job runs): each raises a one-line UserError naming the config key."""
+
+    @classmethod
+    def devices(cls, section: dict) -> int:
+        """Devices one engine of this task spans, from its config section (torch-free): the infer
+        rule's `resources: gpu`, the lease's count, what `shards: auto` divides the GPUs by. One,
+        unless the engine spreads a model over several (vLLM's tensor x pipeline parallel sizes)."""
+        return 1
 
     @classmethod
     def plan_overhead(cls, settings: Settings) -> int:

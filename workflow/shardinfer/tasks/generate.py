@@ -43,6 +43,7 @@ from shardinfer.schema import defaults
 from shardinfer.tasks.base import Window, tokenize_ahead_refused
 from shardinfer.tasks.classify import untrained_head
 from shardinfer.tasks.text import TextTask, model_length_limit
+from shardinfer.tasks.vllm.checks import check_one_device
 
 FINISH = ("length", "eos", "stop")  # finish codes 0, 1, 2
 CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel", "WithLMHead", "ForConditionalGeneration",
@@ -183,6 +184,7 @@ class Generate(TextTask):
             raise UserError(f"model.path `{model.path}` holds {', '.join(named)}, not a causal language model "
                             "(…ForCausalLM) with a generation head; task generate needs one")
         check_positions(model)
+        check_one_device(settings.task_settings)  # several devices: the vLLM engine's (generate.vllm)
 
     @classmethod
     def plan_overhead(cls, settings) -> int:

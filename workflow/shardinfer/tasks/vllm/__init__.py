@@ -17,11 +17,14 @@ stop string) and the output columns. What the engine gets:
 - **One seed per row.** `SamplingParams(seed=row_seed(generate.seed, global row index))`: a row's
   sample depends on its prompt, the seed and its index, not on the rows beside it in the engine.
 - **In-process engine** (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): no engine-core process is spawned,
-  so nothing re-imports the Snakemake job's script (its body runs once), and scheduling is
-  deterministic (vLLM's reproducibility docs).
+  and scheduling is deterministic (vLLM's reproducibility docs). An engine that spans several
+  devices (`generate.vllm.tensor_parallel_size` x `pipeline_parallel_size`) drives one worker
+  process per device from this process; the workers run the job's script again without its body
+  (its `__main__` guard), so the shard runs once.
 
-Its modules: `checks` (what is refused before any job runs, and the engine's identity in the shard
-digest), `engine` (the engine's arguments and start), `task` (the task on the engine) and
+Its modules: `checks` (what is refused before any job runs, the devices an engine spans, and the
+engine's identity in the shard digest), `engine` (the engine's arguments and start), `parallel`
+(the devices it spans: its workers' GPUs or CPU cores), `task` (the task on the engine) and
 `matching` (each output to its row, checked). They import vLLM inside their functions only: the
 config checks read its settings without it.
 """

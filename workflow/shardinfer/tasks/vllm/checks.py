@@ -1,7 +1,8 @@
 """What `generate.engine: vllm` is refused before any job runs (vLLM installed, no argument the
-workflow sets itself, an adapter vLLM can load, a generation_config the engine can follow), and
-what of the engine enters the shard digest (`engine_identity`). Torch-free, vLLM-free: the
-Snakefile calls these when it loads.
+workflow sets itself, parallel sizes it can span, an adapter vLLM can load, a generation_config the
+engine can follow), the devices one engine spans (`Span`: the infer rule's GPUs), and what of the
+engine enters the shard digest (`engine_identity`). Torch-free, vLLM-free: the Snakefile calls
+these when it loads.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -24,8 +26,12 @@ OWNED_ARGUMENTS = {"model": "model.path", "tokenizer": "model.path", "dtype": "m
                    "enable_lora": "model.adapter", "max_lora_rank": "model.adapter (its rank, rounded up)",
                    "max_loras": "model.adapter", "generation_config": "the model's generation_config, read as the "
                    "transformers engine reads it", "skip_tokenizer_init": "model.path's tokenizer",
-                   "seed": "generate.seed (one per row)"}
-ONE_DEVICE = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")  # a shard job has one GPU
+                   "seed": "generate.seed (one per row)",
+                   "distributed_executor_backend": "the GPUs a shard job leases ('mp': one worker process per GPU)"}
+# The engine's devices: one engine spans tensor x pipeline parallel size devices (GPUs, or CPU cores
+# with vLLM's CPU build), which the shard job leases together; more engines are more shards.
+PARALLEL_SIZES = ("tensor_parallel_size", "pipeline_parallel_size")
+SPANS_SETTING = "generate.vllm.tensor_parallel_size x pipeline_parallel_size"
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's MaxLoRARanks
 # generation_config entries that model.generate applies to greedy search too, and their vLLM names;
 # those with no vLLM counterpart are refused rather than silently dropped.
@@ -69,12 +75,53 @@ def check_vllm_settings(model_path: str, adapter: str | None, options: dict) -> 
     for key, value in (options.get("vllm") or {}).items():
         if key in OWNED_ARGUMENTS:
             raise UserError(f"generate.vllm.{key} is set by the workflow (from {OWNED_ARGUMENTS[key]}); leave it out")
-        if key in ONE_DEVICE and value not in (1, None):
-            raise UserError(f"generate.vllm.{key} is {value!r}, but a shard job leases one GPU (resources: gpu=1); "
-                            "leave it at 1 and run more shards instead")
+        if key == "data_parallel_size" and value not in (1, None):
+            raise UserError(f"generate.vllm.data_parallel_size is {value!r}; each shard job runs one engine, so run "
+                            "more shards instead (`shards:`)")
+    Span.of(options)
     if adapter is not None:
         check_lora(adapter)
     generation_to_vllm(generation_config_of(model_path), model_path)
+
+
+@dataclass(frozen=True)
+class Span:
+    """What one engine spans: generate.vllm's tensor_parallel_size x pipeline_parallel_size, one
+    worker per device (GPU, or CPU cores on vLLM's CPU build). The infer rule asks for that many
+    GPUs per shard job."""
+
+    tensor: int = 1
+    pipeline: int = 1
+
+    @classmethod
+    def of(cls, options: dict) -> Span:
+        """From the generate section; each size an integer >= 1 (default 1), else refused."""
+        vllm = options.get("vllm") or {}
+        sizes = []
+        for key in PARALLEL_SIZES:
+            value = vllm.get(key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise UserError(f"generate.vllm.{key} must be an integer >= 1 (the devices one engine spans); "
+                                f"got {value!r}")
+            sizes.append(value or 1)
+        return cls(*sizes)
+
+    @property
+    def workers(self) -> int:
+        return self.tensor * self.pipeline
+
+    def sizes(self) -> str:
+        return f"tensor_parallel_size {self.tensor} x pipeline_parallel_size {self.pipeline}"
+
+
+def check_one_device(options: dict) -> None:
+    """With the transformers engine, refused: parallel sizes above 1, which only the vLLM engine
+    runs. (Spreading the model's layers over GPUs with accelerate's device_map computes on one GPU
+    at a time: N GPUs would give one GPU's rows/s, where N shards of a model that fits give N times.)"""
+    span, engine = Span.of(options), options.get("engine", "transformers")
+    if engine != "vllm" and span.workers > 1:
+        raise UserError(f"generate.vllm sets {span.sizes()}, but generate.engine {engine} runs a model on one "
+                        "device; set generate.engine: vllm to spread a model over several GPUs")
 
 
 def check_lora(adapter: str) -> int:

@@ -1,6 +1,6 @@
 """vLLM's offline engine in the shard job's process: its arguments (the workflow's own, the
 device's defaults, then the user's `generate.vllm`), its environment, its start and its progress
-lines in the shard log.
+lines in the shard log. The devices it spans: `shardinfer.tasks.vllm.parallel`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from typing import Any
 from shardinfer.config import ModelSettings
 from shardinfer.errors import UserError, first_line
 from shardinfer.tasks.base import LoadContext
-from shardinfer.tasks.vllm.checks import INSTALL_HINT, check_lora, vllm_version
+from shardinfer.tasks.vllm.checks import INSTALL_HINT, Span, check_lora, vllm_version
+from shardinfer.tasks.vllm.parallel import parallel_arguments, place_workers
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +47,14 @@ def cpu_kv_cache_bytes(model: ModelSettings, dtype: str, max_model_len: int, max
 
 def engine_arguments(context: LoadContext) -> dict:
     """LLM(...) keyword arguments: the workflow's own (OWNED_ARGUMENTS), the engine's defaults for
-    this device, then the user's `generate.vllm` mapping."""
+    this device and the devices it spans, then the user's `generate.vllm` mapping."""
     model, options = context.settings.model, context.settings.task_settings
     dtype = str(context.dtype).replace("torch.", "")
     user = dict(options.get("vllm") or {})
     arguments = {"model": model.path, "tokenizer": model.path, "dtype": dtype,
                  "trust_remote_code": model.trust_remote_code, "max_model_len": model.max_length + model.max_new_tokens,
                  "generation_config": "vllm", "seed": 0}
+    arguments.update(parallel_arguments(Span.of(options)))
     if model.adapter is not None:
         arguments.update(enable_lora=True, max_loras=1, max_lora_rank=check_lora(model.adapter))
     if context.device.type == "cpu":
@@ -76,7 +78,12 @@ def engine_environment() -> None:
 
 
 def start_engine(context: LoadContext):
-    """vLLM's offline engine, in this process, with its log in the job's log."""
+    """vLLM's offline engine, in this process, with its log in the job's log; what it is refused
+    (its arguments, the devices it spans) is refused before vLLM is imported."""
+    import torch
+
+    arguments = engine_arguments(context)
+    spans = place_workers(Span.of(context.settings.task_settings), context.device.type, torch.get_num_threads())
     engine_environment()
     try:
         from vllm import LLM
@@ -84,7 +91,6 @@ def start_engine(context: LoadContext):
     except ImportError as error:
         raise UserError(f"generate.engine vllm: vLLM cannot be imported here ({first_line(error)}); "
                         f"{INSTALL_HINT}") from None
-    arguments = engine_arguments(context)
     started = time.perf_counter()
     try:
         engine = LLM(**arguments)
@@ -94,6 +100,7 @@ def start_engine(context: LoadContext):
     seconds = time.perf_counter() - started
     log.info("vLLM engine (%s) started in %.1f s with %s", vllm_version(), seconds,
              {k: v for k, v in arguments.items() if k not in ("model", "tokenizer")})
+    log.info("the engine spans %s", spans)
     return engine, seconds
 
 

@@ -14,6 +14,8 @@ from shardinfer.errors import UserError, first_line
 from shardinfer.tasks.base import LoadContext, Window
 from shardinfer.tasks.generate import Generate
 from shardinfer.tasks.vllm.checks import (
+    SPANS_SETTING,
+    Span,
     check_vllm_settings,
     engine_identity,
     generation_config_of,
@@ -34,6 +36,7 @@ class VllmGenerate(Generate):
     """Generate with the prompts of the transformers engine, run by vLLM's engine."""
 
     own_batches = True
+    devices_setting = SPANS_SETTING
 
     def __init__(self, engine, tokenizer, context: LoadContext, generation_config: dict, start_s: float = 0.0) -> None:
         super().__init__(None, tokenizer, tokenizer.pad_token_id or 0, context, generation_config.get("eos_token_id"))
@@ -51,6 +54,11 @@ class VllmGenerate(Generate):
             raise UserError("row_errors.mode: record is not supported with generate.engine: vllm, whose engine "
                             "takes a window of rows whole; use row_errors.mode: fail or generate.engine: transformers")
         check_vllm_settings(settings.model.path, settings.model.adapter, settings.task_settings)
+
+    @classmethod
+    def devices(cls, section: dict) -> int:
+        """tensor_parallel_size x pipeline_parallel_size: the engine's workers, one per device."""
+        return Span.of(section).workers
 
     @classmethod
     def identity(cls, settings) -> dict:
