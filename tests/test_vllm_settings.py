@@ -194,6 +194,27 @@ def test_what_a_device_cannot_span_is_refused_before_vllm_starts():
                                              "pipeline_parallel_size 1"
 
 
+def test_sampling_on_cpu_runs_without_chunked_prefill_and_refuses_what_would_chunk(lm):
+    """vLLM's CPU build fails a seeded row whose prompt is cut across steps (issue 42): sampling on
+    CPU turns chunked prefill off, and a user's setting that would cut prompts again is refused."""
+    def arguments(**options):
+        context = LoadContext(generate_settings(lm, engine="vllm", **options), torch.device("cpu"), torch.float32)
+        return engine_arguments(context)
+
+    assert arguments(do_sample=True)["enable_chunked_prefill"] is False
+    assert "enable_chunked_prefill" not in arguments()  # greedy: vLLM's default
+    assert arguments(do_sample=True, vllm={"max_num_batched_tokens": 34})["max_num_batched_tokens"] == 34
+    for vllm, says in (({"enable_chunked_prefill": True}, "generate.vllm.enable_chunked_prefill is true with "
+                        "generate.do_sample on CPU, where vLLM fails on a prompt cut across steps"),
+                       ({"long_prefill_token_threshold": 16}, "generate.vllm.long_prefill_token_threshold is 16 with"),
+                       ({"max_num_batched_tokens": 33}, "generate.vllm.max_num_batched_tokens is 33, below "
+                        "max_model_len 34 (model.max_length + model.max_new_tokens): sampling on CPU runs without "
+                        "chunked prefill")):
+        with pytest.raises(UserError, match=re.escape(says)):
+            arguments(do_sample=True, vllm=vllm)
+    assert arguments(vllm={"enable_chunked_prefill": True})["enable_chunked_prefill"]  # greedy: the user's
+
+
 def test_the_engine_and_its_settings_are_in_the_shard_digest(lm):
     plain, vllm = generate_settings(lm), generate_settings(lm, engine="vllm")
     digests = {output_digest(plain), output_digest(vllm), output_digest(generate_settings(lm, engine="vllm", vllm={
