@@ -118,18 +118,19 @@ def run_workflow(workdir: Path, config: dict, *args: str, report: bool = False) 
     return patience.run(command, [workdir], cwd=workdir, env=env)
 
 
-def run_workflows(runs: list[tuple[Path, dict]], report: bool = False) -> list[subprocess.CompletedProcess]:
-    """Several independent `run_workflow` runs at once: a run of one shard keeps one core busy (its
-    jobs run one after another, each mostly single-threaded), so two or more together fill the
-    machine's cores instead of leaving them idle. Each keeps its own folder and GPU lock folder."""
+def run_workflows(runs: list[tuple], report: bool = False) -> list[subprocess.CompletedProcess]:
+    """Several independent `run_workflow` runs at once, each `(workdir, config, *extra arguments)`:
+    a run of one shard keeps one core busy (its jobs run one after another, each mostly
+    single-threaded), so two or more together fill the machine's cores instead of leaving them
+    idle. Each keeps its own folder and GPU lock folder."""
     started = []
-    for workdir, config in runs:
-        command, env = prepare_workdir(workdir, config, report=report)
+    for workdir, config, *args in runs:
+        command, env = prepare_workdir(workdir, config, *args, report=report)
         started.append((workdir, patience.Started(command, [workdir], cwd=workdir, env=env)))
     return [run.finish(f"the run in {workdir}") for workdir, run in started]
 
 
-def run_workflows_ok(runs: list[tuple[Path, dict]], report: bool = False) -> list[subprocess.CompletedProcess]:
+def run_workflows_ok(runs: list[tuple], report: bool = False) -> list[subprocess.CompletedProcess]:
     """`run_workflows`, each run having succeeded (its terminal's end shown where one did not)."""
     results = run_workflows(runs, report=report)
     for result in results:
@@ -209,9 +210,11 @@ def save_word_tokenizer(path: Path) -> None:
     tokenizer.save_pretrained(path)
 
 
-def build_tiny_causal_lm(root: Path) -> Path:
+def build_tiny_causal_lm(root: Path, intermediate_size: int = 37) -> Path:
     """A tiny Llama (hidden 32, two layers, heads of 32 dimensions: the smallest vLLM's CPU attention
-    takes) over WORDS, saved with its word-level tokenizer.
+    takes) over WORDS, saved with its word-level tokenizer. vLLM splits every layer's outputs
+    between tensor-parallel workers, so a model for tensor parallel 2 needs an even
+    `intermediate_size` (38; the heads, 4 and 2 KV, divide already).
 
     Weights are drawn with a large spread (normal(0, 0.5)) so greedy logits are far from ties, and the
     eos row of the head copies a word's row, scaled up: eos wins wherever that word would lead
@@ -220,8 +223,9 @@ def build_tiny_causal_lm(root: Path) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    path = root / "tiny-causal-lm"
-    config = LlamaConfig(vocab_size=len(CAUSAL_SPECIALS) + len(CAUSAL_WORDS), hidden_size=32, intermediate_size=37,
+    path = root / ("tiny-causal-lm" if intermediate_size == 37 else f"tiny-causal-lm-{intermediate_size}")
+    config = LlamaConfig(vocab_size=len(CAUSAL_SPECIALS) + len(CAUSAL_WORDS), hidden_size=32,
+                         intermediate_size=intermediate_size,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                          max_position_embeddings=2 * MAX_POSITIONS, pad_token_id=0, bos_token_id=2, eos_token_id=3,
                          tie_word_embeddings=False)

@@ -4,13 +4,15 @@ End to end: tests/test_faults.py (a run that resolves fewer shards replans) and 
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
 from types import SimpleNamespace
 
 import pytest
 
 import patience
-from factory import input_frame, prepare_workdir, workflow_config, write_input
+from factory import build_tiny_causal_lm, input_frame, prepare_workdir, workflow_config, write_input
 from shardinfer.auto_shards import (
     CPU_SHARDS,
     MOST,
@@ -51,8 +53,8 @@ def test_the_count_follows_the_machine(given, count, threads, reason):
 
 
 @pytest.mark.parametrize("given,count,threads,reason", [
-    ({"gpus": 8}, 4, 4, "--resources gpu=8, 2 per engine"),
-    ({"gpus": 3}, 1, 4, "--resources gpu=3, 2 per engine"),
+    ({"gpus": 8, "visible_gpus": 8}, 4, 4, "--resources gpu=8, 2 per engine"),
+    ({"gpus": 3, "visible_gpus": 8}, 1, 4, "--resources gpu=3, 2 per engine"),
     ({"job_slots": 16}, 16, 4, "--jobs 16 on a cluster executor"),  # a job slot runs one engine, on its GPUs
     ({"visible_gpus": 8, "cores": 64}, 4, 4, "8 GPU(s) on this machine, 2 per engine"),
     ({"cores": 2}, 1, 2, "no GPU: 2 cores, 2 threads per shard job"),  # a core per CPU worker
@@ -129,3 +131,30 @@ def test_the_default_config_resolves_auto_and_says_so(models, tmp_path):
         assert re.search(rf"^infer\s+{count}$", shown, re.M), shown[-3000:]
         warned = shown.count("shardinfer: WARNING --resources gpu=4, but this machine shows no GPU")
         assert warned == (1 if "gpu=4" in args else 0), shown[-3000:]
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None and os.environ.get("CI") != "true",
+                    reason="vLLM is not installed (the config names generate.engine vllm)")
+def test_an_engine_of_two_gpus_asks_for_them_and_counts_once(tmp_path):
+    """Dry runs of a vLLM config with tensor_parallel_size 2: each shard job asks Snakemake for 2
+    GPUs (and threads for its 2 workers), `auto` makes one shard per engine, and fewer GPUs given
+    than one engine spans is refused in one line."""
+    lm = build_tiny_causal_lm(tmp_path / "models")
+    write_input(input_frame(20), tmp_path / "data" / "input.parquet")
+    config = workflow_config("data/input.parquet", lm, task="generate", model={"max_new_tokens": 4},
+                             generate={"engine": "vllm", "vllm": {"tensor_parallel_size": 2}})
+    del config["shards"]
+    runs = {args: prepare_workdir(tmp_path, config, "-n", "--resources", args) for args in ("gpu=8", "gpu=1")}
+    shown = {}
+    for args, (command, env) in runs.items():
+        # 8 GPUs this machine shows (a dry run starts no job on them)
+        gpus = ",".join(map(str, range(8)))
+        result = patience.run(command, [tmp_path], cwd=tmp_path, env={**env, "CUDA_VISIBLE_DEVICES": gpus})
+        shown[args] = (result.returncode, result.stdout + result.stderr)
+    status, output = shown["gpu=8"]
+    assert status == 0 and "shardinfer: shards: auto -> 4 (--resources gpu=8, 2 per engine)" in output, output[-3000:]
+    assert re.search(r"^infer\s+4$", output, re.M) and output.count("resources: tmpdir=/tmp, gpu=2") == 4
+    status, output = shown["gpu=1"]
+    assert status == 1 and ("ERROR: --resources gpu=1 is fewer than the 2 GPUs one engine spans (generate.vllm."
+                            "tensor_parallel_size x pipeline_parallel_size is 2)") in output, output[-3000:]

