@@ -6,6 +6,7 @@
     python scripts/benchmark.py --device cuda --shape qwen-0.5b --rows 20000
     .venv/bin/python scripts/benchmark.py --task generate          # causal LM, CPU (qwen-cpu-gen)
     python scripts/benchmark.py --task generate --device cuda      # the Qwen2-0.5B shape
+    .venv/bin/python scripts/benchmark.py --task parallel          # vLLM: tensor parallel 2 beside 1
 
 The naive loop is the common way: pad every text to max_length, float32, batches of 10, input
 order. The shard runner is `shardinfer.shard.job.run_shard` itself, end to end: read the parquet
@@ -32,6 +33,11 @@ engine arguments: the peer a generation user would pick. The shard jobs and the 
 each in a process of their own, end to end as a Snakemake job runs (imports, model load or engine
 start, generation, writing), and the fixed cost (everything but generating) is shown apart, with
 the prompt count above which the vLLM engine wins end to end.
+
+`--task parallel` runs the vLLM shard job with tensor_parallel_size 1 and 2 (on CPU: vLLM's CPU
+build, one worker per core; on GPUs: one per leased GPU) on the same prompts, greedy, and prints
+each one's engine start-up, rows/s while generating and end to end, and whether their rows agree.
+On a 2-core machine it checks that parallel 2 runs and gives the same rows, not that it is faster.
 """
 
 from __future__ import annotations
@@ -373,10 +379,10 @@ def interleaved(repeats: int, variants: dict[str, Callable[[], Any]]) -> tuple[d
     return results, seconds
 
 
-def child(mode: str, settings: Settings, work: Path, device: str) -> dict:
+def child(mode: str, settings: Settings, work: Path, device: str, label: str = "") -> dict:
     """`mode` (shard: the shard job; bare: vLLM's LLM.generate) in a process of its own, as a
     Snakemake job runs; its wall-clock seconds and what it reports."""
-    name = f"{mode}-{settings.task_settings.get('engine', 'transformers')}"
+    name = f"{mode}-{settings.task_settings.get('engine', 'transformers')}{label}"
     out = work / f"{name}.{'parquet' if mode == 'shard' else 'json'}"
     (work / f"{name}-settings.json").write_text(json.dumps(settings.to_dict()))
     command = [sys.executable, __file__, "--child", mode, "--child-settings", str(work / f"{name}-settings.json"),
@@ -550,6 +556,37 @@ def print_engines(ours_runs: list[dict], vllm_runs: list[dict], bare_runs: list[
               f"{reference.name}" + (f" (first differing: {bad[:5]})" if bad else ""))
 
 
+def bench_parallel(args: argparse.Namespace, work: Path) -> None:
+    """The vLLM shard job with tensor_parallel_size 1 and 2, same prompts, greedy: start-up, rows/s
+    and whether the rows agree (each variant in a process of its own, as a Snakemake job)."""
+    rows = args.rows or 300
+    model_dir = build_generator(args.shape or "qwen-cpu-gen", work / "model", args.eos_rate, args.repetition_penalty)
+    pd.DataFrame({"id": np.arange(rows), "text": prompt_texts(rows)}).to_parquet(work / "input.parquet")
+    settings = bench_settings(model_dir, work / "input.parquet", args.max_length, args.max_tokens, "generate",
+                              args.max_new_tokens, max_rows=args.max_rows)
+    run_plan(settings.input, 1, args.max_length, str(work / "plan.json"))
+    variants, runs_of = {}, {}
+    for size in (1, 2):
+        parallel = {"engine": "vllm", "vllm": {**args.vllm_args, "tensor_parallel_size": size}}
+        runs_of[size] = []
+        variants[size] = partial(kept, runs_of[size], partial(child, "shard", dataclasses.replace(
+            settings, task_settings=parallel), work, args.device, f"-tp{size}"))
+    _, seconds = interleaved(args.repeats, variants)
+    frames = {size: runs[-1]["frame"] for size, runs in runs_of.items()}
+    print(f"\nvLLM shard job on {runs_of[1][-1]['stats']['device']}, {rows} prompts, max_new_tokens "
+          f"{args.max_new_tokens}, greedy; fastest of {args.repeats} interleaved runs")
+    print(f"{'tensor_parallel_size':>22}{'engine start s':>16}{'generating s':>14}{'rows/s generating':>19}"
+          f"{'end to end s':>14}{'rows/s':>9}")
+    for size, runs in runs_of.items():
+        start = min(run["stats"]["engine_start_s"] for run in runs)
+        generating = min(run["stats"]["stages"]["device"] for run in runs)
+        print(f"{size:>22}{start:>16.1f}{generating:>14.1f}{rows / generating:>19.1f}{min(seconds[size]):>14.1f}"
+              f"{rows / min(seconds[size]):>9.1f}")
+    same = sum(a == b for a, b in zip(frames[1]["generated"], frames[2]["generated"]))
+    print(f"tensor parallel 2: {same} of {rows} rows identical to parallel size 1 "
+          f"({'identical tables' if frames[1].equals(frames[2]) else 'tables differ'})")
+
+
 def print_generate(runs: list[Run]) -> None:
     """rows/s, generated tokens/s and computed/real positions per variant; ratios; agreement with the naive loop."""
     print(f"{'':42}{'rows':>6}{'rows/s':>9}{'gen tok/s':>11}{'computed':>10}   seconds per run (rates: fastest)")
@@ -661,7 +698,7 @@ def bench_row_errors(args: argparse.Namespace, work: Path) -> None:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--task", default="classify", choices=["classify", "generate", "row-errors"])
+    parser.add_argument("--task", default="classify", choices=["classify", "generate", "row-errors", "parallel"])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--shape", default=None, choices=sorted(SHAPES))
     parser.add_argument("--rows", type=int, default=None, help="default 2000 (classify); generate 300 (CPU), 600 (GPU)")
@@ -691,7 +728,7 @@ def parse_args() -> argparse.Namespace:
         args.engines = "transformers,vllm" if args.task == "generate" and vllm_installed() else "transformers"
     args.engines = args.engines.split(",")
     args.max_tokens = args.max_tokens or (16384 if args.device == "cpu" else 65536)
-    args.max_rows = args.max_rows or (256 if args.task == "generate" else 1024)
+    args.max_rows = args.max_rows or (256 if args.task in ("generate", "parallel") else 1024)
     return args
 
 
@@ -703,7 +740,8 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("shardinfer.shard.job").setLevel(logging.INFO)
     work = Path(tempfile.mkdtemp(prefix="shardinfer-bench-"))
-    bench = {"generate": bench_generate, "row-errors": bench_row_errors}.get(args.task, bench_classify)
+    bench = {"generate": bench_generate, "row-errors": bench_row_errors, "parallel": bench_parallel}.get(
+        args.task, bench_classify)
     bench(args, work)
 
 
