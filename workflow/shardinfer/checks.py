@@ -15,7 +15,7 @@ from shardinfer.contract.shard_file import INDEX_COLUMN
 from shardinfer.errors import UserError
 from shardinfer.input.discovery import missing_input
 from shardinfer.input.shard_bound import check_shard_count
-from shardinfer.tasks import TASKS, engine_class, may_write_files, output_columns, task_class
+from shardinfer.tasks import TASKS, engine_class, may_write_files, task_class
 
 INPUT_NAME = re.compile(r"[A-Za-z0-9_-]+")  # a name of `inputs`: a folder under results/ and logs/
 
@@ -139,7 +139,7 @@ def check_settings(settings: Settings, storage: bool = False) -> None:
     for part in () if storage else inp.files:
         if not Path(part).is_file():
             raise missing_input(part)
-    check_keep_columns(inp, (INDEX_COLUMN, *output_columns(model.task)))
+    check_keep_columns(inp, (INDEX_COLUMN, *engine_class(settings).output_fields(settings)))
     check_evaluate(settings)
     if not storage:  # reads the input's row count, which only the plan job sees in storage
         check_shard_count(inp, settings.shards)

@@ -3,7 +3,9 @@ takes (and that travel to jobs as a params dict, `Settings.to_dict`/`from_dict`)
 
 The Snakefile builds them with `shardinfer.configure.settings_from_config` when it loads;
 `shardinfer.checks` then checks them against the file system, so a bad value is reported before
-any job runs. This module reads no input and knows no task: every room imports it.
+any job runs. This module reads no input and knows no task: every room imports it. A task's own
+section is typed in `shardinfer.sections`, which also says why a key added to a section, here as
+there (`added`), travels only when set.
 """
 
 from __future__ import annotations
@@ -12,6 +14,16 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from shardinfer.schema import defaults
+from shardinfer.sections import ADDED, TaskSettings, default_of, section_settings
+
+
+def plain(settings) -> dict:
+    """A settings dataclass as a dict (as `dataclasses.asdict`), without the fields added after the
+    digests were pinned (metadata ADDED) that hold their default: the jobs' params and the shard
+    digest of a config that does not set them stay as they were."""
+    values = dataclasses.asdict(settings)
+    return {spec.name: values[spec.name] for spec in dataclasses.fields(settings)
+            if not (spec.metadata.get(ADDED) and getattr(settings, spec.name) == default_of(spec))}
 
 # Format options that were once keys of `input` itself (`input.delimiter` for `input.csv.delimiter`,
 # `input.split` for `input.hf_dataset.split`): still read, and in every input's rule params at their
@@ -40,6 +52,8 @@ class InputSettings:
     task_columns: tuple[str, ...] = ()
     column_keys: tuple[str, ...] = ()
     text_columns: tuple[str, ...] | None = None
+    # Those of the task's columns that hold a conversation per row (generate: input.messages_column).
+    conversation_columns: tuple[str, ...] = field(default=(), metadata={ADDED: True})
 
     def __post_init__(self) -> None:
         if not self.task_columns:
@@ -62,11 +76,12 @@ class InputSettings:
         return [*self.task_columns, *self.keep_columns]
 
     def to_dict(self) -> dict:
-        """The settings as rule params: the options' FLAT_OPTIONS in their old place, each null when
-        unset, and any other option under `options`, only when one is set; so that an input's params
-        are what they were before options had sections, whichever way the config spells them."""
+        """The settings as rule params (`plain`: added fields only when set): the options' FLAT_OPTIONS
+        in their old place, each null when unset, and any other option under `options`, only when one
+        is set; so that an input's params are what they were before options had sections, whichever
+        way the config spells them."""
         data = {}
-        for key, value in dataclasses.asdict(self).items():
+        for key, value in plain(self).items():
             if key != "options":
                 data[key] = value
                 continue
@@ -77,7 +92,8 @@ class InputSettings:
 
     @classmethod
     def from_dict(cls, data: dict) -> InputSettings:
-        tuples = ("keep_columns", "columns", "parts", "task_columns", "column_keys", "text_columns")
+        tuples = ("keep_columns", "columns", "parts", "task_columns", "column_keys", "text_columns",
+                  "conversation_columns")
         flat = {name: data[name] for name in FLAT_OPTIONS if data.get(name) is not None}
         data = {key: value for key, value in data.items() if key not in FLAT_OPTIONS}
         return cls(**{**data, "options": {**data.get("options", {}), **flat},
@@ -145,12 +161,21 @@ class Settings:
     shards: int
     # token ids made by a CPU rule per shard, not inside the GPU job
     tokenize_ahead: bool = field(default_factory=lambda: defaults("tokenize")["ahead"])
-    task_settings: dict = field(default_factory=dict)  # the config section named after the task (`embed:`)
+    # the config section named after the task (`embed:`), typed (`shardinfer.sections`; a mapping given
+    # here is typed by the task's section class)
+    task_settings: TaskSettings = field(default_factory=dict)
     evaluate: EvaluateSettings = field(default_factory=EvaluateSettings)
     row_errors: RowErrorSettings = field(default_factory=RowErrorSettings)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "task_settings", section_settings(self.model.task, self.task_settings))
+
     def to_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "input": self.input.to_dict()}
+        """What travels to jobs as params: the sections as dicts (`plain`; the task's as its mapping)."""
+        return {"input": self.input.to_dict(), "model": plain(self.model), "batch": plain(self.batch),
+                "shards": self.shards, "tokenize_ahead": self.tokenize_ahead,
+                "task_settings": self.task_settings.to_dict(), "evaluate": plain(self.evaluate),
+                "row_errors": plain(self.row_errors)}
 
     @classmethod
     def from_dict(cls, data: dict) -> Settings:
@@ -160,7 +185,7 @@ class Settings:
             batch=BatchSettings(**data["batch"]),
             shards=int(data["shards"]),
             tokenize_ahead=bool(data["tokenize_ahead"]),
-            task_settings=dict(data["task_settings"]),
+            task_settings=data["task_settings"],
             evaluate=EvaluateSettings(**(data.get("evaluate") or {})),
             row_errors=RowErrorSettings(**(data.get("row_errors") or {})),
         )

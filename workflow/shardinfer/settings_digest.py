@@ -4,13 +4,12 @@ made ahead are kept while only the weights change."""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
 from pathlib import Path
 
-from shardinfer.config import Settings
+from shardinfer.config import Settings, plain
 from shardinfer.errors import UserError
 from shardinfer.hf.tokenizer_files import is_tokenizer_side
 from shardinfer.tasks import engine_class
@@ -66,12 +65,14 @@ def output_digest(settings: Settings, model_files: tuple[list, list] | None = No
     relevant = {
         "input": {"text_column": settings.input.text_column, "keep_columns": settings.input.keep_columns,
                   "null_text": settings.input.null_text, "columns": settings.input.columns},
-        "model": dataclasses.asdict(settings.model),
-        "task_settings": settings.task_settings,  # the task's own section only
+        "model": plain(settings.model),
+        "task_settings": settings.task_settings.to_dict(),  # the task's own section only (keys added later: when set)
         "model_files": model_files[0],
         "adapter_files": model_files[1],
         "code": entrypoint_digest(settings.model.entrypoint),
     }
+    if settings.input.conversation_columns:  # absent otherwise: the digests of text prompts stay as they were
+        relevant["input"]["conversation_columns"] = settings.input.conversation_columns
     extra = task.identity(settings)  # e.g. the vLLM engine's version
     if extra:  # absent otherwise, so that the other tasks' digests stay as they were
         relevant["task"] = extra

@@ -6,10 +6,11 @@ output columns. Its metadata carries the identity it was made under (plan, range
 digest, task, where its files are) under IDENTITY_KEY, fixed before the first row is written,
 and the job's stats under STATS_KEY, added at close.
 
-A task declares each output column by a type string, the same words for the built-in tasks and
-a user's own code: "float32", "int64", "string", "binary", "list<float32>", ..., or "file:.png"
-for a file per row that the runner writes (never the task) and the table describes by path,
-byte size and SHA-256 (FILE_TYPE).
+A task declares each output column by an Arrow type (any: structs, lists of structs), or by a type
+string, the words a user's own code uses: "float32", "int64", "string", "binary",
+"list<float32>", "struct<start: int32, label: string>", ..., or "file:.png" for a file per row
+that the runner writes (never the task) and the table describes by path, byte size and SHA-256
+(FILE_TYPE).
 """
 
 from __future__ import annotations
@@ -32,16 +33,19 @@ SCALAR_TYPES = {
     "float16": pa.float16(), "float32": pa.float32(), "float64": pa.float64(),
     "string": pa.string(), "binary": pa.binary(),
 }
-TYPE_WORDS = f"{', '.join(SCALAR_TYPES)}, list<T> of those, or file:.<ext>"
+TYPE_WORDS = f"{', '.join(SCALAR_TYPES)}, list<T> and struct<name: T, ...> of those, or file:.<ext>"
+OutputType = str | pa.DataType  # a declared output column's type: an Arrow type, or its words
 
 
-def file_suffix(spec: str) -> str | None:
+def file_suffix(spec: OutputType) -> str | None:
     """".png" for "file:.png"; None for a column that is not a file."""
-    return spec[len(FILE_PREFIX):] if spec.startswith(FILE_PREFIX) else None
+    return spec[len(FILE_PREFIX):] if isinstance(spec, str) and spec.startswith(FILE_PREFIX) else None
 
 
-def arrow_type(spec: str) -> pa.DataType:
+def arrow_type(spec: OutputType) -> pa.DataType:
     """The Arrow type of a declared output type; ValueError naming what is allowed."""
+    if isinstance(spec, pa.DataType):
+        return spec
     spec = spec.strip()
     suffix = file_suffix(spec)
     if suffix is not None:
@@ -51,12 +55,36 @@ def arrow_type(spec: str) -> pa.DataType:
     inner = re.fullmatch(r"list<(.+)>", spec)
     if inner:
         return pa.list_(arrow_type(inner.group(1)))
+    inner = re.fullmatch(r"struct<(.+)>", spec)
+    if inner:
+        return pa.struct([struct_field(part) for part in top_level_parts(inner.group(1))])
     if spec not in SCALAR_TYPES:
         raise ValueError(f"unknown type {spec!r}; allowed: {TYPE_WORDS}")
     return SCALAR_TYPES[spec]
 
 
-def shard_schema(outputs: dict[str, str], keep: pa.Schema, identity: dict, errors: bool = False) -> pa.Schema:
+def top_level_parts(text: str) -> list[str]:
+    """`a: int32, b: list<string>` split at the commas outside any `<...>`."""
+    parts, depth, start = [], 0, 0
+    for position, char in enumerate(text):
+        depth += {"<": 1, ">": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(text[start:position])
+            start = position + 1
+    return [*parts, text[start:]]
+
+
+def struct_field(text: str) -> pa.Field:
+    """`name: type`, a struct's field."""
+    name, colon, kind = text.partition(":")
+    if not colon or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name.strip()):
+        raise ValueError(f"struct field {text.strip()!r} must be `name: type`; allowed types: {TYPE_WORDS}")
+    if file_suffix(kind.strip()) is not None:
+        raise ValueError(f"struct field {text.strip()!r}: a file is a column of its own, not a struct's field")
+    return pa.field(name.strip(), arrow_type(kind))
+
+
+def shard_schema(outputs: dict[str, OutputType], keep: pa.Schema, identity: dict, errors: bool = False) -> pa.Schema:
     """index, the keep columns, then the task's outputs (then `error`, with row_errors: record), with
     the identity in the metadata."""
     fields = [pa.field(INDEX_COLUMN, pa.int64()), *keep,
@@ -65,7 +93,7 @@ def shard_schema(outputs: dict[str, str], keep: pa.Schema, identity: dict, error
     return pa.schema(fields, metadata={IDENTITY_KEY: json.dumps(identity).encode()})
 
 
-def file_columns(outputs: dict[str, str]) -> dict[str, str]:
+def file_columns(outputs: dict[str, OutputType]) -> dict[str, str]:
     """The output columns that are files, with their extensions."""
     return {name: file_suffix(spec) for name, spec in outputs.items() if file_suffix(spec) is not None}
 

@@ -38,9 +38,10 @@ def write_predictions(shards: list[ShardFile], plan: Plan, digest: str, path: st
 
 
 def refuse_no_columns(plan: Plan, task: str | None) -> None:
-    """An input without rows gives a table of the task's declared columns (`Task.outputs`); a task
-    whose columns are known only once its code loads in a shard job with rows (custom) has none."""
-    if plan.rows == 0 and task in TASKS and not task_class(task).outputs:
+    """An input without rows gives a table of the columns its settings give (`Task.output_fields`,
+    the empty shards'); a task whose columns are known only once its code loads in a shard job with
+    rows (custom) has none."""
+    if plan.rows == 0 and task in TASKS and task_class(task).columns_from_code:
         raise UserError(f"input `{plan.input_path}` has no rows, and task {task} names its output columns only "
                         "when its code loads for rows: there is no table to write")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from shardinfer.config import Settings
-from shardinfer.contract.shard_file import ERROR_COLUMN, file_columns, shard_schema
+from shardinfer.contract.shard_file import ERROR_COLUMN, OutputType, file_columns, shard_schema
 from shardinfer.errors import UserError
 from shardinfer.plan import Plan
 from shardinfer.shard.runtime import ShardJob
@@ -29,7 +29,7 @@ def keep_schema_of(settings: Settings, plan: Plan, shard: int) -> pa.Schema:
     return pa.schema(list(first.schema)[len(settings.input.task_columns):])
 
 
-def shard_identity(job: ShardJob, plan: Plan, outputs: dict[str, str]) -> dict:
+def shard_identity(job: ShardJob, plan: Plan, outputs: dict[str, OutputType]) -> dict:
     """What the shard file says it is: plan, range, settings digest, task, and where its files are."""
     start, end = plan.ranges[job.shard]
     identity = {"plan_id": plan.plan_id, "shard": job.shard, "start": start, "end": end,
@@ -39,7 +39,7 @@ def shard_identity(job: ShardJob, plan: Plan, outputs: dict[str, str]) -> dict:
     return identity
 
 
-def shard_layout(job: ShardJob, plan: Plan, outputs: dict[str, str]) -> tuple[pa.Schema, dict[str, str]]:
+def shard_layout(job: ShardJob, plan: Plan, outputs: dict[str, OutputType]) -> tuple[pa.Schema, dict[str, str]]:
     """The shard file's schema (with its identity) and its file columns' extensions; file columns
     need the job's files folder."""
     suffixes = file_columns(outputs)

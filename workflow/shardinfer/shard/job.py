@@ -43,7 +43,7 @@ from shardinfer.shard.runtime import Runtime, ShardJob, lease_devices, start_run
 from shardinfer.shard.stats import Tally, WindowCost
 from shardinfer.shard.stop import Terminated, stop_on_signals
 from shardinfer.shard.writer import Writer, Written
-from shardinfer.tasks import task_class
+from shardinfer.tasks import engine_class
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +74,12 @@ def write_shard(job: ShardJob, plan: Plan, runtime: Runtime, began: float) -> di
     """
     settings, task = job.settings, runtime.task
     start, end = plan.ranges[job.shard]
-    schema, suffixes = shard_layout(job, plan, task.outputs)
+    schema, suffixes = shard_layout(job, plan, task.columns)
     started, folder = time.perf_counter(), windows_folder(job.output)
     errors = RowErrors(job.shard, settings.row_errors.cap(end - start)) if settings.row_errors.record else None
     # Commit order: the table is closed, then the files folder takes its name, then the table.
     with staged_files(job.files, suffixes) as files:
-        kept = keep_committed(folder, shard_identity(job, plan, task.outputs), start, files)
+        kept = keep_committed(folder, shard_identity(job, plan, task.columns), start, files)
         resumed = Tally.from_json(kept.tally) if kept.tally else Tally()
         if kept.paths:
             log.info("resumed at row %d (%d rows kept)", kept.next_row, kept.rows)
@@ -134,9 +134,9 @@ def stream_windows(pipeline: Pipeline, job: ShardJob, plan: Plan, runtime: Runti
 
 def write_empty_shard(job: ShardJob, plan: Plan, began: float) -> dict:
     """A shard with no rows (more shards than rows): its file (and files folder) without loading the
-    model or taking a device. Its columns are the task's declared ones (none yet for custom code,
-    which gather allows for an empty shard)."""
-    schema, _ = shard_layout(job, plan, dict(task_class(job.settings.model.task).outputs))
+    model or taking a device. Its columns are those the task's settings give (`Task.output_fields`;
+    none yet for custom code, which gather allows for an empty shard)."""
+    schema, _ = shard_layout(job, plan, engine_class(job.settings).output_fields(job.settings))
     stats = Tally().stats(0.0, "none (empty shard)", None, started=round(began, 3), ended=round(time.time(), 3))
     with (staged_files(job.files, {}) as files,
           atomic_parquet_writer(job.output, schema, files and files.commit) as writer):

@@ -53,7 +53,7 @@ class Writer:
         ok = np.ones(keep.num_rows, dtype=bool)
         ok[list(failed)] = False
         if not ok.any():  # every row of the window failed (row_errors: record)
-            arrays = [pa.nulls(keep.num_rows, self.schema.field(name).type) for name in self.task.outputs]
+            arrays = [pa.nulls(keep.num_rows, self.schema.field(name).type) for name in self.task.columns]
         else:
             arrays = self.outputs(item.results, index[ok])
             arrays = [with_nulls(array, ok) for array in arrays] if failed else arrays
@@ -64,7 +64,7 @@ class Writer:
     def outputs(self, results: dict, index: np.ndarray) -> list:
         """The task's columns for the rows in `index` (those with results), file columns written."""
         arrays = self.task.to_arrow(results, index)
-        for position, name in enumerate(self.task.outputs):
+        for position, name in enumerate(self.task.columns):
             if name in (self.files.suffixes if self.files else {}):
                 values = arrays[position]
                 values = values.to_pylist() if isinstance(values, pa.Array) else list(values)

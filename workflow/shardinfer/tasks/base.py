@@ -21,11 +21,14 @@ A batch that runs out of device memory is halved and retried. With `row_errors.m
 any exception while predicting halves the batch too, down to the rows that fail alone: those
 get null outputs and their error (`shardinfer.shard.device_loop`).
 
-A task owns the config section named after it (`embed:`, `generate:`), handed to it as
-`settings.task_settings`; the shard digest takes the task's section (with `model:`, the input's
-settings, the model files and, for custom, the hook's code; `shardinfer.settings_digest`), not the other
-tasks' sections. Its output columns are `outputs`, one type string each
-(`shardinfer.contract.shard_file`); that is the one place they are declared.
+A task owns the config section named after it (`embed:`, `generate:`), handed to it typed as
+`settings.task_settings` (`shardinfer.sections`); the shard digest takes the task's section (with
+`model:`, the input's settings, the model files and, for custom, the hook's code;
+`shardinfer.settings_digest`), not the other tasks' sections. Its output columns follow from the
+settings: `output_fields(settings)`, torch-free, each an Arrow type (or a type string,
+`shardinfer.contract.shard_file`), is the one place they are declared (a task whose columns never
+change declares them as `outputs`). The empty shard, the check of keep columns against them and
+the loaded task's `columns` all read it.
 
 Task modules import torch and transformers inside their methods only: planning and the config
 checks import them to read their columns and settings, and stay free of torch.
@@ -41,6 +44,7 @@ import pyarrow as pa
 
 from shardinfer.batching import length_sorted_batches, padded_tokens
 from shardinfer.config import BatchSettings, Settings
+from shardinfer.contract.shard_file import OutputType
 from shardinfer.errors import UserError
 
 
@@ -52,6 +56,8 @@ class TaskInputs:
     columns: tuple[str, ...]  # in the order `prepare` gets them (then come the keep columns)
     keys: tuple[str, ...]  # the config key that names each column, for errors: `input.text_column`
     texts: tuple[str, ...]  # those holding text: strings, null only as input.null_text says; the plan's cost
+    # those holding a conversation per row (lists of {role, content}): the plan's cost too, by their contents
+    conversations: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -89,7 +95,12 @@ class Task:
     """One kind of inference. Subclasses set `name` and `outputs` and implement the calls."""
 
     name: ClassVar[str]  # its settings, if any, are the config section of that name
-    outputs: dict[str, str]  # output column -> type string, in output order
+    # Output column -> Arrow type or type string, in output order, for a task whose columns do not
+    # depend on its settings (others override `output_fields`).
+    outputs: ClassVar[dict[str, OutputType]] = {}
+    # Whether its columns are known only once its code loads (custom): then an input without rows has
+    # no table (gather refuses it), and `output_fields` gives none.
+    columns_from_code: ClassVar[bool] = False
     cost_unit: ClassVar[str] = "tokens"
     # Whether its rows are texts measured in tokens, so that the stats' real and padded tokens, the
     # truncation at max_length and the token-length histogram describe them (the report's text-length
@@ -99,6 +110,7 @@ class Task:
     # digest, not only those directly in it (a Hugging Face folder is flat).
     model_files_below: ClassVar[bool] = False
     tokenizes_ahead: ClassVar[bool] = False  # whether the tokenize rule can make its inputs (`tokenize.ahead`)
+    reads_conversations: ClassVar[bool] = False  # whether `inputs` takes input.messages_column (generate)
     # How `evaluate:` scores its outputs against a gold column (shardinfer.metrics.SCORERS): "labels"
     # (classes), "texts" (exact match); None: no metric, evaluate refused.
     scored_as: ClassVar[str | None] = None
@@ -127,6 +139,17 @@ class Task:
         """The columns the task reads, from the validated config's input (`inp`) and the task's own
         section: by default the text column, whose characters the plan balances."""
         return TaskInputs((inp["text_column"],), ("input.text_column",), (inp["text_column"],))
+
+    @classmethod
+    def output_fields(cls, settings: Settings) -> dict[str, OutputType]:
+        """The output columns these settings give, in order (torch-free: the empty shard, the keep
+        columns' check and gather call it without loading the task)."""
+        return dict(cls.outputs)
+
+    @property
+    def columns(self) -> dict[str, OutputType]:
+        """The loaded task's output columns: its settings' (`output_fields`)."""
+        return self.output_fields(self.settings)
 
     @classmethod
     def check_settings(cls, settings: Settings) -> None:
@@ -173,7 +196,7 @@ class Task:
         raise NotImplementedError
 
     def to_arrow(self, results: dict[str, np.ndarray | list], index: np.ndarray) -> list[pa.Array]:
-        """A window's results, already in row order, as the `outputs` columns; `index` holds the
+        """A window's results, already in row order, as the `columns`; `index` holds the
         rows' global numbers."""
         raise NotImplementedError
 

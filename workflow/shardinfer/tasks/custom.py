@@ -115,7 +115,7 @@ def describe_rows(index: np.ndarray) -> str:
 
 class Custom(Task):
     name = "custom"
-    outputs: dict[str, str] = {}  # known once the user's code is loaded
+    columns_from_code = True  # known once the user's code is loaded (`columns`)
     writes_files = True  # its outputs may declare file columns
     cost_unit = "cost units"
     counts_tokens = False
@@ -154,6 +154,11 @@ class Custom(Task):
         self.outputs = check_outputs(self.entrypoint, getattr(predictor, "outputs", None), reserved)
         if not callable(getattr(predictor, "predict", None)):
             raise UserError(f"model.entrypoint `{self.entrypoint}`: what it returned has no predict(batch, index)")
+
+    @property
+    def columns(self) -> dict[str, str]:
+        """The columns the user's code declared (`outputs`)."""
+        return self.outputs
 
     @classmethod
     def load(cls, context: LoadContext) -> Custom:

@@ -32,8 +32,8 @@ class Embed(TextTask):
         inputs = self.on_device(batch)
         hidden = self.model(**inputs).last_hidden_state.float()
         options = self.settings.task_settings
-        vectors = pool(hidden, inputs["attention_mask"], options["pooling"])
-        if options["normalize"]:
+        vectors = pool(hidden, inputs["attention_mask"], options.pooling)
+        if options.normalize:
             vectors = torch.nn.functional.normalize(vectors, p=2, dim=-1)
         return {"embedding": vectors}
 

@@ -50,7 +50,7 @@ class Score(TextTask):
     @classmethod
     def check_settings(cls, settings: Settings) -> None:
         """A pair column beside the text column, and a model folder holding a one-label classifier."""
-        pair, text = settings.task_settings.get("pair_column"), settings.input.text_column
+        pair, text = settings.task_settings.pair_column, settings.input.text_column
         if not pair:
             raise UserError("score.pair_column is required for task score: the input column whose text is paired "
                             f"with input.text_column's (`{text}`), e.g. a passage for each query")
@@ -68,7 +68,7 @@ class Score(TextTask):
         import torch
 
         logits = self.model(**self.on_device(batch)).logits.float()[:, 0]
-        return {"score": torch.sigmoid(logits) if self.settings.task_settings.get("sigmoid") else logits}
+        return {"score": torch.sigmoid(logits) if self.settings.task_settings.sigmoid else logits}
 
     def to_arrow(self, results: dict, index: np.ndarray) -> list[pa.Array]:
         return [pa.array(np.asarray(results["score"], dtype=np.float32))]
