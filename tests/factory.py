@@ -8,6 +8,7 @@ beside the tests' own (a causal LM, a cross-encoder, several runs at once, a clo
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import tomllib
 from pathlib import Path
@@ -239,6 +240,91 @@ def build_tiny_causal_lm(root: Path, intermediate_size: int = 37) -> Path:
         head[3] = 1.25 * head[len(CAUSAL_SPECIALS) + WORDS.index("bird")]
     model.save_pretrained(path)
     save_word_tokenizer(path)
+    return path
+
+
+BYTES_SPECIALS = ["<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+# Each message ends with <|end|>; the generation prompt opens the assistant's turn. Roles other than
+# system, user and assistant are refused (a TemplateError), as many real templates do.
+BYTES_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('unknown role ' + message['role']) }}{% endif %}"
+    "<|{{ message['role'] }}|>{{ message['content'] }}<|end|>"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def bytes_corpus(lines: int = 3000, seed: int = 0) -> list[str]:
+    """Sentences, small JSON objects, dates and labels: enough that the merges spell what the
+    structured-output tests' grammars emit."""
+    import json
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(lines):
+        kind = rng.random()
+        if kind < 0.4:
+            out.append(" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 15))))
+        elif kind < 0.8:
+            keys = ["name", "age", "color", "city", "label", "score", "tags"]
+            values = [rng.choice(WORDS), rng.randint(0, 999), rng.random(), [rng.choice(WORDS)], True, None]
+            out.append(json.dumps({rng.choice(keys): rng.choice(values) for _ in range(3)}))
+        else:
+            out.append(f"{rng.randint(1900, 2030)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d} "
+                       f"{rng.choice(['yes', 'no', 'maybe', 'positive', 'negative', 'neutral'])}")
+    return out
+
+
+def save_bytes_tokenizer(path: Path, vocab_size: int = 400):
+    """A byte-level BPE (all 256 bytes, then merges learned from `bytes_corpus`: deterministic, ~0.5 s),
+    as real LLM tokenizers are: xgrammar reads it as a byte-level vocabulary."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=BYTES_SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator(bytes_corpus(), trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                        model_max_length=2 * MAX_POSITIONS)
+    tokenizer.add_special_tokens({"additional_special_tokens": BYTES_SPECIALS[3:]})
+    tokenizer.chat_template = BYTES_CHAT_TEMPLATE
+    tokenizer.save_pretrained(path)
+    return tokenizer
+
+
+def build_tiny_bytes_lm(root: Path) -> Path:
+    """A tiny Llama (the shape of `build_tiny_causal_lm`) over a byte-level BPE of ~400 tokens that can
+    spell JSON, dates and labels, with a chat template that refuses unknown roles: for conversations,
+    log-probabilities and structured output on both engines. The eos row of the head is 1.25 times
+    the row of `}`, so JSON rows often end on eos after their closing brace."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    path = root / "tiny-bytes-lm"
+    tokenizer = save_bytes_tokenizer(path)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                         max_position_embeddings=2 * MAX_POSITIONS,
+                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False)
+    torch.manual_seed(11)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() == 2:
+                parameter.normal_(0.0, 0.5)
+        head = model.lm_head.weight
+        head[tokenizer.eos_token_id] = 1.25 * head[tokenizer.convert_tokens_to_ids("}")]
+    model.save_pretrained(path)
+    GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+                     pad_token_id=config.pad_token_id).save_pretrained(path)
     return path
 
 

@@ -54,10 +54,15 @@ def prompts() -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(n)) for n in (1, 2, 3, 5, 8, 13, 22, 4, 40, 6, 30, 11)]
 
 
-def run(task: Generate, texts: list[str], max_rows: int, first: int = 0) -> list[tuple]:
-    """Rows through the task as a shard job runs them: one window, length-sorted batches."""
+def run(task: Generate, texts: list[str], max_rows: int, first: int = 0, params=None) -> list[tuple]:
+    """Rows through the task as a shard job runs them: one window, length-sorted batches; every row
+    with the task's parameters, or `params` (a RowParams) as a per-row input would give them."""
+    import dataclasses
+
     with torch.inference_mode():
         window = task.prepare(first, pa.table({"text": texts}))
+        if params is not None:
+            window = dataclasses.replace(window, data=dataclasses.replace(window.data, params=[params] * window.rows))
         prepared = prepare_batches(task, window, pa.table({}), BatchSettings(10_000, max_rows, 64))
         results = predict_window(task, prepared, torch.device("cpu"))
         columns = task.to_arrow(results, np.arange(first, first + len(texts)))
@@ -169,7 +174,7 @@ def test_long_prompt_keeps_its_end(task):
     words = [WORDS[i % 20] for i in range(40)]
     window = task().prepare(100, pa.table({"text": ["red cat", " ".join(words)]}))
     vocab = task().tokenizer.get_vocab()
-    assert window.data[1] == [vocab["<s>"], *(vocab[w] for w in words[-(MAX_LENGTH - 1):])]
+    assert window.data.ids[1] == [vocab["<s>"], *(vocab[w] for w in words[-(MAX_LENGTH - 1):])]
     assert window.truncated == [1]
     assert window.lengths.tolist() == [3, MAX_LENGTH]
     assert window.costs.tolist() == [3 + NEW_TOKENS, MAX_LENGTH + NEW_TOKENS]
@@ -177,7 +182,7 @@ def test_long_prompt_keeps_its_end(task):
 
 def test_chat_template_with_system_prompt(task):
     chat = task(chat_template=True, system_prompt="think fast")
-    ids = chat.prepare(0, pa.table({"text": ["red cat"]})).data[0]
+    ids = chat.prepare(0, pa.table({"text": ["red cat"]})).data.ids[0]
     vocab = chat.tokenizer.get_vocab()
     assert ids == [vocab[t] for t in ("<|system|>", "think", "fast", "<|user|>", "red", "cat", "<|assistant|>")]
     assert run(chat, ["red cat"], max_rows=1)[0][1] == len(ids)

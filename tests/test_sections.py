@@ -69,11 +69,13 @@ def schema_with(tmp_path, monkeypatch):
     schema_module._schema.cache_clear()
 
 
+@pytest.mark.usefixtures("fixed_folders")
 @pytest.mark.parametrize("name", ["generate", "generate-vllm"])
-def test_a_key_added_with_a_default_leaves_digests_and_params_unchanged_until_set(fixed_folders, schema_with, name):
+def test_a_key_added_with_a_default_leaves_digests_and_params_unchanged_until_set(schema_with, name):
     import test_digests_pinned
 
-    original, path = test_digests_pinned.SCHEMA_PATH, schema_with("best_of", {"type": "integer", "minimum": 1, "default": 1, "description": "A later key."})
+    later = {"type": "integer", "minimum": 1, "default": 1, "description": "A later key."}
+    original, path = test_digests_pinned.SCHEMA_PATH, schema_with("best_of", later)
     test_digests_pinned.SCHEMA_PATH = path  # pinned_values validates with the release's schema
     try:
         config = copy.deepcopy(CONFIGS[name])
@@ -87,8 +89,9 @@ def test_a_key_added_with_a_default_leaves_digests_and_params_unchanged_until_se
         test_digests_pinned.SCHEMA_PATH = original
 
 
+@pytest.mark.usefixtures("fixed_folders")
 @pytest.mark.parametrize("key,value", [("n", 2), ("logprobs", 0), ("structured", {"choice": ["a", "b"]})])
-def test_this_releases_keys_move_the_digest_only_when_set(fixed_folders, key, value):
+def test_this_releases_keys_move_the_digest_only_when_set(key, value):
     config = copy.deepcopy(CONFIGS["generate"])
     config["generate"][key] = value
     digest, _, params, *_ = pinned_values(config)[None]

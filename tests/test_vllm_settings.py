@@ -21,6 +21,7 @@ from shardinfer.settings_digest import output_digest
 from shardinfer.tasks import engine_class, engine_devices
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.generate import Generate
+from shardinfer.tasks.generate_params import RowParams
 from shardinfer.tasks.vllm.checks import (
     SPANS_SETTING,
     Span,
@@ -233,7 +234,7 @@ def test_row_seeds_depend_on_the_seed_and_the_global_index_only():
 @pytest.mark.parametrize("reason,stop_reason,code", [("length", None, "length"), ("stop", None, "eos"),
                                                     ("stop", 9, "eos"), ("stop", "fly", "stop")])
 def test_vllm_endings_map_to_ours(reason, stop_reason, code):
-    from shardinfer.tasks.generate import FINISH
+    from shardinfer.tasks.generate_columns import FINISH
 
     assert FINISH[finish_code(reason, stop_reason, EOS, ["fly"], 5)] == code
 
@@ -245,18 +246,40 @@ def test_any_other_ending_fails_naming_the_row(reason, stop_reason):
         finish_code(reason, stop_reason, EOS, ["fly"], 5)
 
 
-def output(request_id: str, prompt: list[int], tokens: list[int], reason="length", stop_reason=None, n=1):
-    completion = SimpleNamespace(token_ids=tokens, finish_reason=reason, stop_reason=stop_reason)
-    return SimpleNamespace(request_id=request_id, prompt_token_ids=prompt, outputs=[completion] * n)
+def output(request_id: str, prompt: list[int], tokens: list[int], reason="length", stop_reason=None, n=1,
+           logprobs=None):
+    completions = [SimpleNamespace(index=j, token_ids=tokens, finish_reason=reason, stop_reason=stop_reason,
+                                   logprobs=logprobs) for j in range(n)]
+    return SimpleNamespace(request_id=request_id, prompt_token_ids=prompt, outputs=completions[::-1])
+
+
+def params(n=1, logprobs=None, rows=3) -> list[RowParams]:
+    return [RowParams(max_new_tokens=4, do_sample=n > 1, n=n, stop=("fly",), logprobs=logprobs)] * rows
 
 
 def test_outputs_are_matched_to_their_rows_by_request_id():
     ids, index = [[2, 5], [2, 6, 7], [2]], [10, 11, 12]
     sent = ["0-abcdefgh", "1-12345678", "2-zzzzzzzz"]  # enqueue's ids: the engine's counter plus 8 characters
     outputs = [output("2", [2], [4, 3], "stop"), output("0", [2, 5], [8, 8]), output("1", [2, 6, 7], [9], "stop", 9)]
-    got = matched_results(sent, outputs, ids, index, EOS)
-    assert [row.tolist() for row in got["tokens"]] == [[8, 8], [9], [4, 3]]
-    assert got["n_prompt_tokens"].tolist() == [2, 3, 1] and got["finish"].tolist() == [0, 1, 1]
+    got = matched_results(sent, outputs, ids, index, EOS, params())
+    assert [[c.tokens.tolist() for c in row] for row in got["completions"]] == [[[8, 8]], [[9]], [[4, 3]]]
+    assert got["n_prompt_tokens"].tolist() == [2, 3, 1] and [row[0].finish for row in got["completions"]] == [0, 1, 1]
+
+
+def test_a_rows_samples_come_in_their_order_with_their_log_probabilities():
+    """vLLM numbers a row's n completions (here handed back in reverse); each position's dict holds the
+    chosen token (any rank) and the top k by rank: they become the chosen's value and the top k in order."""
+    from vllm.logprobs import Logprob
+
+    positions = [{4: Logprob(-0.5, 1), 7: Logprob(-1.5, 2)},
+                 {3: Logprob(-2.0, 3), 8: Logprob(-0.1, 1), 9: Logprob(-0.9, 2)}]
+    got = matched_results(["0-abcdefgh"], [output("0", [2], [4, 3], "stop", n=3, logprobs=positions)], [[2]], [10],
+                          EOS, params(n=3, logprobs=2, rows=1))
+    (row,) = got["completions"]
+    assert len(row) == 3 and all(c.tokens.tolist() == [4, 3] and c.finish == 1 for c in row)
+    lp = row[0].logprobs
+    assert lp.chosen.tolist() == [-0.5, -2.0]
+    assert lp.top_ids.tolist() == [[4, 7], [8, 9]] and np.allclose(lp.top_values, [[-0.5, -1.5], [-0.1, -0.9]])
 
 
 @pytest.mark.parametrize("outputs,says", [
@@ -264,11 +287,14 @@ def test_outputs_are_matched_to_their_rows_by_request_id():
     ([output("0", [2, 5], [8]), output("0", [2, 5], [8]), output("1", [2, 6], [8])], "returned row 10 twice"),
     ([output("0", [2, 5], [8]), output("7", [2, 6], [8])], "request '7', which this shard did not send"),
     ([output("0", [2, 5], [8]), output("1", [2, 6, 6], [8])], "row 11: vLLM ran other prompt token ids"),
-    ([output("0", [2, 5], [8]), output("1", [2, 6], [8], n=2)], "row 11: vLLM returned 2 completions"),
+    ([output("0", [2, 5], [8]), output("1", [2, 6], [8], n=2)], r"row 11: vLLM returned completions \[0, 1\], not"),
+    ([output("0", [2, 5], [8], logprobs=[]), output("1", [2, 6], [8], logprobs=[])],
+     "row 10: vLLM returned log-probabilities for 0 of its 1 tokens"),
 ])
 def test_a_missing_duplicate_or_foreign_output_fails_the_shard(outputs, says):
+    asked = params(logprobs=0 if "log-prob" in says else None, rows=2)
     with pytest.raises(UserError, match=says):
-        matched_results(["0-abcdefgh", "1-abcdefgh"], outputs, [[2, 5], [2, 6]], [10, 11], EOS)
+        matched_results(["0-abcdefgh", "1-abcdefgh"], outputs, [[2, 5], [2, 6]], [10, 11], EOS, asked)
 
 
 def test_engine_progress_logs_inside_a_window(caplog):

@@ -10,6 +10,7 @@ output columns. tests/test_vllm.py compares them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -29,14 +30,12 @@ def main(model: str, texts_path: str, out_path: str) -> None:
     texts = json.loads(Path(texts_path).read_text())
     task = VllmGenerate.load(LoadContext(settings(model, engine="vllm"), torch.device("cpu"), torch.float32))
     greedy = run(task, texts, max_rows=4)
-    task.options.update(SAMPLING)
-    sampled = run(task, texts, max_rows=4)
+    sampling = dataclasses.replace(task.params, **SAMPLING)  # each row's parameters, as a per-row input gives them
+    sampled = run(task, texts, 4, params=sampling)
     half = len(texts) // 2
-    reversed_windows = run(task, texts[half:], 4, first=half) + run(task, texts[:half], 4)
-    subset = run(task, texts[5:9], 4, first=5)
-    task.options["seed"] = 8
-    other_seed = run(task, texts, max_rows=4)
-    task.options.update(do_sample=False, seed=0)
+    reversed_windows = run(task, texts[half:], 4, half, sampling) + run(task, texts[:half], 4, params=sampling)
+    subset = run(task, texts[5:9], 4, 5, sampling)
+    other_seed = run(task, texts, 4, params=dataclasses.replace(sampling, seed=8))
     empty = with_an_empty_prompt(task)
     transformers = Generate.load(LoadContext(settings(model), torch.device("cpu"), torch.float32))
     empty_transformers = with_an_empty_prompt(transformers)
@@ -74,8 +73,9 @@ def with_an_empty_prompt(task) -> list:
     from shardinfer.config import BatchSettings
     from shardinfer.shard.device_loop import predict_window, prepare_batches
     from shardinfer.tasks.base import Window
+    from shardinfer.tasks.generate_params import PromptRows
 
-    window = Window(0, np.array([1, 4]), [[], [2, 10, 11, 12]])
+    window = Window(0, np.array([1, 4]), PromptRows([[], [2, 10, 11, 12]], [task.params] * 2))
     with torch.inference_mode():
         prepared = prepare_batches(task, window, pa.table({}), BatchSettings(10_000, 4, 64))
         columns = task.to_arrow(predict_window(task, prepared, torch.device("cpu")), np.arange(2))

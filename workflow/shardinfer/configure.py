@@ -16,7 +16,9 @@ from shardinfer.config import BatchSettings, EvaluateSettings, InputSettings, Mo
 from shardinfer.errors import UserError
 from shardinfer.input.discovery import OWN_FOLDERS, own_outputs_passed_over, resolve_input
 from shardinfer.input.formats import format_named, options_in
+from shardinfer.sections import section_settings
 from shardinfer.tasks import TASKS, task_class
+from shardinfer.tasks.base import TaskInputs
 
 PACKAGE_PREFIX = "pkg:"
 
@@ -64,7 +66,7 @@ def settings_from_config(config: dict, name: str | None = None, auto_shards: int
         batch=BatchSettings(**config["batch"]),
         shards=shards,
         tokenize_ahead=config["tokenize"]["ahead"],
-        task_settings=dict(section),
+        task_settings=section_settings(model["task"], section),
         evaluate=EvaluateSettings(**(config.get("evaluate") or {})),
         row_errors=row_error_settings(config.get("row_errors") or {}),
     )
@@ -87,7 +89,7 @@ def input_settings(inp: dict, task: str, section: dict, names: list[str] | None)
     input lies there), its format's options (`options_in`: another format's are refused) and the
     columns its task reads (`Task.inputs`, from the task's `section`)."""
     fmt, parts = resolve_input(inp["path"], inp["format"], inp, names)
-    reads = task_class(task).inputs(inp, section) if task in TASKS else None
+    reads = task_inputs(task, inp, section)
     return InputSettings(
         path=inp["path"],
         format=fmt,
@@ -101,7 +103,20 @@ def input_settings(inp: dict, task: str, section: dict, names: list[str] | None)
         task_columns=reads.columns if reads else (),
         column_keys=reads.keys if reads else (),
         text_columns=reads.texts if reads else None,
+        conversation_columns=reads.conversations if reads else (),
     )
+
+
+def task_inputs(task: str, inp: dict, section: dict) -> TaskInputs | None:
+    """The columns the task reads (`Task.inputs`; None for an unknown task, which the checks refuse);
+    input.messages_column is refused for a task that reads no conversations."""
+    if task not in TASKS:
+        return None
+    if inp.get("messages_column") is not None and not task_class(task).reads_conversations:
+        able = " and ".join(name for name in TASKS if task_class(name).reads_conversations)
+        raise UserError(f"input.messages_column is for task {able}; task {task} reads input.text_column, so leave "
+                        "input.messages_column out")
+    return task_class(task).inputs(inp, section)
 
 
 def model_settings(model: dict) -> ModelSettings:

@@ -232,7 +232,7 @@ def check_rows(inp: InputSettings, scan: PartsScan) -> None:
     if scan.null_texts and inp.null_text == "error":
         listed = ", ".join(map(str, scan.first_null_rows()))
         named = " or ".join(f"{key} `{column}`" for column, key in zip(inp.task_columns, inp.column_keys)
-                            if column in inp.text_columns)
+                            if column in (*inp.text_columns, *inp.conversation_columns))
         raise UserError(f"{named} is null in {scan.null_texts} row(s) (first: {listed}); "
                         "fix the input or set input.null_text: empty")
 

@@ -137,7 +137,8 @@ def json_schema(spec: Mapping | str) -> dict:
     if isinstance(spec, str) and not spec.lstrip().startswith("{"):
         path = Path(spec)
         if not path.is_file():
-            raise UserError(f"{where}: `{spec}` is neither a JSON schema nor a file (give a schema or a .json file's path)")
+            raise UserError(f"{where}: `{spec}` is neither a JSON schema nor a file (give a schema or a .json "
+                            "file's path)")
         where, spec = f"{where} `{spec}`", path.read_text()
     if isinstance(spec, str):
         try:

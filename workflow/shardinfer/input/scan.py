@@ -23,6 +23,9 @@ from shardinfer.input.formats import format_named
 from shardinfer.input.formats.base import Mark, Span
 
 NULLS_LISTED = 5
+# A conversation's cost beyond its contents' characters: the chat template's markers around each
+# message (`<|user|>`, a turn end: a few tokens), as characters at the plan's ~4 per token.
+CHARS_PER_MESSAGE = 16
 
 
 @dataclass(frozen=True)
@@ -98,20 +101,44 @@ def _check_text_type(inp: InputSettings, column: str, text: pa.Array) -> None:
         raise UserError(f"{key} `{column}` holds {text.type}, not text (strings) in `{inp.path}`")
 
 
+def _check_conversation_type(inp: InputSettings, column: str, kind: pa.DataType) -> None:
+    """A conversation column holds lists of structs with a `role` and a `content` of strings (more
+    fields are allowed: the template gets those that are set)."""
+    message = kind.value_type if pa.types.is_list(kind) or pa.types.is_large_list(kind) else None
+    fields = {f.name: f.type for f in message} if message is not None and pa.types.is_struct(message) else {}
+    if not all(key in fields and (pa.types.is_string(fields[key]) or fields[key] == pa.null())
+               for key in ("role", "content")):
+        raise UserError(f"input.messages_column `{column}` holds {kind} in `{inp.path}`, not conversations: a list of "
+                        "{role, content} messages per row, both strings (Parquet list<struct<role: string, content: "
+                        "string>>, JSONL arrays of objects)")
+
+
+def conversation_lengths(conversations: pa.Array) -> np.ndarray:
+    """Characters per conversation, its contents' plus CHARS_PER_MESSAGE per message (0 for null)."""
+    if conversations.type == pa.null():
+        return np.zeros(len(conversations), dtype=np.int32)
+    messages = pc.list_flatten(conversations)
+    owner = pc.list_parent_indices(conversations).to_numpy(zero_copy_only=False)
+    chars = text_lengths(pc.struct_field(messages, "content")) + CHARS_PER_MESSAGE
+    return np.bincount(owner, weights=chars, minlength=len(conversations)).astype(np.int32)
+
+
 class _TextMeasure:
-    """Characters per row (summed over the task's text columns: the plan's cost) and the rows
-    where any of them is null, batch by batch."""
+    """Characters per row (summed over the task's text and conversation columns: the plan's cost)
+    and the rows where any of them is null, batch by batch."""
 
     def __init__(self, inp: InputSettings) -> None:
         self.inp, self.chars, self.nulls, self.first_nulls = inp, [], 0, []
 
     def add(self, batch: pa.RecordBatch, first_row: int) -> None:
         chars, null = np.zeros(batch.num_rows, dtype=np.int32), np.zeros(batch.num_rows, dtype=bool)
-        for column in self.inp.text_columns:
+        for column in (*self.inp.text_columns, *self.inp.conversation_columns):
             text = batch.column(column)
+            conversations = column in self.inp.conversation_columns
             if text.type != pa.null():
-                _check_text_type(self.inp, column, text)
-            chars += text_lengths(text)
+                (_check_conversation_type(self.inp, column, text.type) if conversations
+                 else _check_text_type(self.inp, column, text))
+            chars += conversation_lengths(text) if conversations else text_lengths(text)
             if text.null_count:
                 null |= text.is_null().to_numpy(zero_copy_only=False)
         self.chars.append(chars)
@@ -130,7 +157,7 @@ def scan_input(inp: InputSettings, fields: pa.Schema | None = None) -> InputScan
     fields = fields if fields is not None else fmt.fields(inp)
     _check_columns(inp, fields)
     _check_keep_types(inp, fields)
-    measure = _TextMeasure(inp) if inp.text_columns else None
+    measure = _TextMeasure(inp) if inp.text_columns or inp.conversation_columns else None
     rows, marks = 0, []
     task_only = dataclasses.replace(inp, keep_columns=())  # the task's columns only
     for position, batch in fmt.batches(task_only, None, fields):

@@ -11,6 +11,10 @@ Python loop over rows or tokens, and the same numbers on every device.
 The hash is Chris Wellons' `lowbias32` mixer on 32-bit words, in two independent lanes (a 64-bit
 key per row and step, so two (row, step) pairs practically never share their noise); products are
 split in 16-bit halves so int64 arithmetic never overflows.
+
+Several samples of a row (`generate.n`): sample j's keys mix j into the row's keys once more, and
+sample 0's are the row's own, bit for bit. So sample j depends only on (seed, row, j): the first
+samples are the same under any n, and sample 0 is what n = 1 draws.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from transformers import LogitsProcessor, TopPLogitsWarper
 M32 = 0xFFFFFFFF
 LANE_SALTS = (0x9E3779B9, 0x85EBCA6B)  # start values of the two key lanes
 TOKEN_SALT = 0xC2B2AE35
+SAMPLE_SALTS = (0x27D4EB2F, 0x165667B1)  # mixed with a sample's number j > 0, one per lane
 
 
 def _mul32(x: torch.Tensor, constant: int) -> torch.Tensor:
@@ -50,16 +55,30 @@ def row_keys(seed: int, index: torch.Tensor, step: int) -> tuple[torch.Tensor, t
     return lanes[0], lanes[1]
 
 
-def uniform_bits(seed: int, index: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
+def sample_keys(seed: int, index: torch.Tensor, sample: torch.Tensor | None, step: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The row keys of each row's sample (`sample`: its number j per row; None: all 0): j > 0 mixes
+    j into both lanes, j = 0 keeps the row's own keys."""
+    lanes = row_keys(seed, index, step)
+    if sample is None:
+        return lanes
+    j = sample.to(torch.int64) & M32
+    later = j > 0
+    return tuple(torch.where(later, mix32(lane ^ mix32(j ^ salt)), lane) for lane, salt in zip(lanes, SAMPLE_SALTS))
+
+
+def uniform_bits(seed: int, index: torch.Tensor, step: int, vocab: int, sample: torch.Tensor | None = None
+                 ) -> torch.Tensor:
     """(rows, vocab) 32-bit words, one per (row, token), as int64."""
-    first, second = row_keys(seed, index.to(torch.int64), step)
+    first, second = sample_keys(seed, index.to(torch.int64), sample, step)
     tokens = mix32(torch.arange(vocab, device=index.device, dtype=torch.int64) ^ TOKEN_SALT)
     return mix32(mix32(first[:, None] ^ tokens[None, :]) ^ second[:, None])
 
 
-def gumbel_noise(seed: int, index: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
+def gumbel_noise(seed: int, index: torch.Tensor, step: int, vocab: int, sample: torch.Tensor | None = None
+                 ) -> torch.Tensor:
     """Standard Gumbel noise, (rows, vocab) float64: -log(-log(u)) with u uniform in (0, 1)."""
-    u = (uniform_bits(seed, index, step, vocab).to(torch.float64) + 0.5) * 2.0**-32
+    u = (uniform_bits(seed, index, step, vocab, sample).to(torch.float64) + 0.5) * 2.0**-32
     return -torch.log(-torch.log(u))
 
 
@@ -73,12 +92,13 @@ class GumbelSampler(LogitsProcessor):
     per-row Gumbel noise, so that generate's greedy argmax draws each row's next token.
 
     `index`: the batch rows' global numbers, on the scores' device; `prompt_width`: the padded prompt
-    width of the batch, so the step is the number of tokens generated so far.
+    width of the batch, so the step is the number of tokens generated so far; `sample`: each batch
+    row's sample number (several samples of a row), None for sample 0 everywhere.
     """
 
     def __init__(self, seed: int, index: torch.Tensor, prompt_width: int, temperature: float = 1.0,
-                 top_p: float = 1.0) -> None:
-        self.seed, self.index, self.prompt_width = int(seed), index, prompt_width
+                 top_p: float = 1.0, sample: torch.Tensor | None = None) -> None:
+        self.seed, self.index, self.prompt_width, self.sample = int(seed), index, prompt_width, sample
         self.temperature, self.top_p = float(temperature), float(top_p)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -86,5 +106,5 @@ class GumbelSampler(LogitsProcessor):
         if self.temperature != 1.0:
             scores = scores / self.temperature
         scores = top_p_filter(scores, self.top_p)
-        noise = gumbel_noise(self.seed, self.index, step, scores.shape[1])
+        noise = gumbel_noise(self.seed, self.index, step, scores.shape[1], self.sample)
         return scores + noise.to(scores.dtype)

@@ -54,7 +54,7 @@ def engine_arguments(context: LoadContext) -> dict:
     user = dict(options.get("vllm") or {})
     arguments = {"model": model.path, "tokenizer": model.path, "dtype": dtype,
                  "trust_remote_code": model.trust_remote_code, "max_model_len": model.max_length + model.max_new_tokens,
-                 "generation_config": "vllm", "seed": 0}
+                 "generation_config": "vllm", "seed": 0, **output_arguments(options)}
     arguments.update(parallel_arguments(Span.of(options)))
     if model.adapter is not None:
         arguments.update(enable_lora=True, max_loras=1, max_lora_rank=check_lora(model.adapter))
@@ -91,6 +91,16 @@ def cpu_sampling_arguments(user: dict, max_model_len: int) -> dict:
                         "(model.max_length + model.max_new_tokens): sampling on CPU runs without chunked prefill, so "
                         f"a step must hold a whole prompt; set it to {max_model_len} or more, or leave it out")
     return {"enable_chunked_prefill": False}
+
+
+def output_arguments(options) -> dict:
+    """What the workflow pins of structured output and log-probabilities, so that both engines
+    agree: the xgrammar backend (no silent fallback to another library) with the whitespace
+    `generate.structured` asks, and log-probabilities of the raw logits (`generate_logprobs`)."""
+    structured = options.get("structured") or {}
+    compact = structured.get("whitespace") == "compact"
+    return {"structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": compact},
+            "logprobs_mode": "raw_logprobs"}
 
 
 def engine_environment() -> None:

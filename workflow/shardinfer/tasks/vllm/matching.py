@@ -1,6 +1,7 @@
 """The engine's outputs matched to the rows that were sent, by request id, each checked: one per
-row, none missing or twice, the prompt ids that were sent, one completion that ended by eos,
-length or stop. Any other answer fails the shard in one line naming the row.
+row, none missing or twice, the prompt ids that were sent, the n completions asked (indices 0..n-1),
+each ended by eos, length or stop. Any other answer fails the shard in one line naming the row.
+Log-probabilities are read into the shape both engines give (`generate_logprobs.SampleLogprobs`).
 """
 
 from __future__ import annotations
@@ -10,13 +11,15 @@ from typing import Any
 import numpy as np
 
 from shardinfer.errors import UserError
-from shardinfer.tasks.generate import FINISH
+from shardinfer.tasks.generate_columns import FINISH, Completion
+from shardinfer.tasks.generate_logprobs import SampleLogprobs
+from shardinfer.tasks.generate_params import RowParams
 
 
 def matched_results(request_ids: list[str], outputs: list, ids: list, index: list[int], eos_ids: list[int],
-                    stops: list[str] = ()) -> dict:
+                    params: list[RowParams]) -> dict:
     """The engine's outputs in the rows' order, each checked: one per request id, none missing or
-    twice, the prompt ids that were sent, one completion that ended by eos, length or stop."""
+    twice, the prompt ids that were sent, the row's n completions, each ended by eos, length or stop."""
     if len(request_ids) != len(ids):
         raise UserError(f"vLLM accepted {len(request_ids)} of {len(ids)} prompts (rows {index[0]}..{index[-1]})")
     position = {external_id(rid): p for p, rid in enumerate(request_ids)}
@@ -34,17 +37,45 @@ def matched_results(request_ids: list[str], outputs: list, ids: list, index: lis
     missing = [index[p] for p, output in enumerate(found) if output is None]
     if missing:
         raise UserError(f"vLLM returned no output for {len(missing)} row(s), first {missing[:5]}")
-    tokens, finish = [], np.zeros(len(ids), dtype=np.int8)
+    completions = []
     for p, output in enumerate(found):
         if list(output.prompt_token_ids) != list(map(int, ids[p])):
             raise UserError(f"row {index[p]}: vLLM ran other prompt token ids than were sent")
-        if len(output.outputs) != 1:
-            raise UserError(f"row {index[p]}: vLLM returned {len(output.outputs)} completions, not 1")
-        completion = output.outputs[0]
-        finish[p] = finish_code(completion.finish_reason, completion.stop_reason, eos_ids, stops, index[p])
-        tokens.append(np.asarray(completion.token_ids, dtype=np.int64))
+        completions.append(row_completions(output.outputs, params[p], eos_ids, index[p]))
     prompt_tokens = np.fromiter((len(row) for row in ids), dtype=np.int32, count=len(ids))
-    return {"tokens": tokens, "n_prompt_tokens": prompt_tokens, "finish": finish}
+    return {"n_prompt_tokens": prompt_tokens, "completions": completions, "params": list(params)}
+
+
+def row_completions(outputs: list, params: RowParams, eos_ids: list[int], row: int) -> list[Completion]:
+    """A row's n completions in order, each checked (vLLM numbers them 0..n-1)."""
+    numbers = sorted(completion.index for completion in outputs)
+    if numbers != list(range(params.n)):
+        raise UserError(f"row {row}: vLLM returned completions {numbers}, not 0..{params.n - 1}")
+    found = []
+    for completion in sorted(outputs, key=lambda c: c.index):
+        tokens = np.asarray(completion.token_ids, dtype=np.int64)
+        finish = finish_code(completion.finish_reason, completion.stop_reason, eos_ids, params.stop, row)
+        asked = params.logprobs is not None
+        logprobs = sample_logprobs(completion.logprobs, tokens, params.logprobs, row) if asked else None
+        found.append(Completion(tokens, finish, logprobs))
+    return found
+
+
+def sample_logprobs(positions, tokens: np.ndarray, k: int, row: int) -> SampleLogprobs:
+    """vLLM's log-probabilities of a completion (per position, the chosen token and the top k by
+    rank, in a dict by token id) as the chosen token's and the top k's, most likely first."""
+    if positions is None or len(positions) != len(tokens):
+        raise UserError(f"row {row}: vLLM returned log-probabilities for {0 if positions is None else len(positions)} "
+                        f"of its {len(tokens)} tokens")
+    chosen = np.zeros(len(tokens), dtype=np.float32)
+    top_ids, top_values = np.zeros((len(tokens), k), dtype=np.int32), np.zeros((len(tokens), k), dtype=np.float32)
+    for step, (token, entries) in enumerate(zip(tokens.tolist(), positions)):
+        chosen[step] = entries[token].logprob
+        ranked = sorted((entry.rank, -entry.logprob, token_id) for token_id, entry in entries.items()
+                        if entry.rank is not None and entry.rank <= k)
+        top_ids[step] = [token_id for *_, token_id in ranked[:k]]
+        top_values[step] = [-value for _, value, _ in ranked[:k]]
+    return SampleLogprobs(chosen, top_ids, top_values)
 
 
 def external_id(request_id: str) -> str:

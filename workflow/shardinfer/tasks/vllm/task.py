@@ -13,6 +13,7 @@ import numpy as np
 from shardinfer.errors import UserError, first_line
 from shardinfer.tasks.base import LoadContext, Window
 from shardinfer.tasks.generate import Generate
+from shardinfer.tasks.generate_params import PromptRows, RowParams
 from shardinfer.tasks.vllm.checks import (
     SPANS_SETTING,
     Span,
@@ -45,6 +46,7 @@ class VllmGenerate(Generate):
         if "min_tokens" in self.sampling_defaults:  # model.generate's min_new_tokens never outlasts max_new_tokens
             self.sampling_defaults["min_tokens"] = min(int(self.sampling_defaults["min_tokens"]), self.max_new_tokens)
         self.lora = self.lora_request(context.settings.model.adapter)
+        check_structured(self.options.structured)
 
     @classmethod
     def check_settings(cls, settings) -> None:
@@ -104,31 +106,64 @@ class VllmGenerate(Generate):
 
     def collate(self, window: Window, positions: np.ndarray) -> dict:
         """The rows' prompt ids (an empty prompt as the pad token alone, as the transformers engine
-        runs it: vLLM refuses an empty prompt) and global indices."""
-        return {"ids": [window.data[p] if len(window.data[p]) else [self.pad_id] for p in positions],
-                "index": (window.first + np.asarray(positions, dtype=np.int64)).tolist()}
+        runs it: vLLM refuses an empty prompt), global indices and parameters."""
+        rows: PromptRows = window.data
+        return {"ids": [rows.ids[p] if len(rows.ids[p]) else [self.pad_id] for p in positions],
+                "index": (window.first + np.asarray(positions, dtype=np.int64)).tolist(),
+                "params": [rows.params[p] for p in positions]}
 
-    def sampling_params(self, index: int):
+    def sampling_params(self, params: RowParams, index: int):
+        """A row's SamplingParams: its n samples seeded row_seed + j (vLLM seeds sample j so), its
+        log-probabilities and structured output as asked."""
         from vllm import SamplingParams
 
-        o = self.options
-        sampled = {"temperature": o["temperature"], "top_p": o["top_p"], "seed": row_seed(o["seed"], index)}
-        return SamplingParams(max_tokens=self.max_new_tokens, stop_token_ids=list(self.eos_ids), stop=o["stop"] or None,
-                              detokenize=bool(o["stop"]), skip_special_tokens=True, n=1,
-                              **(sampled if o["do_sample"] else {"temperature": 0.0}), **self.sampling_defaults)
+        sampled = {"temperature": params.temperature, "top_p": params.top_p, "seed": row_seed(params.seed, index)}
+        return SamplingParams(max_tokens=params.max_new_tokens, stop_token_ids=list(self.eos_ids),
+                              stop=list(params.stop) or None, detokenize=bool(params.stop), skip_special_tokens=True,
+                              n=params.n, logprobs=params.logprobs,
+                              structured_outputs=structured_params(params.structured),
+                              **(sampled if params.do_sample else {"temperature": 0.0}), **self.sampling_defaults)
 
     def predict(self, batch: dict) -> dict:
         """One enqueue of the batch's prompts; every output matched to its row by request id."""
-        ids, index = batch["ids"], batch["index"]
+        ids, index, params = batch["ids"], batch["index"], batch["params"]
         prompts = [{"prompt_token_ids": list(map(int, row))} for row in ids]
         from vllm import RequestOutput
         from vllm.exceptions import VLLMError
 
         try:
-            params = [self.sampling_params(i) for i in index]
-            request_ids = self.engine.enqueue(prompts, params, lora_request=self.lora, use_tqdm=False)
+            sampling = [self.sampling_params(p, i) for p, i in zip(params, index)]
+            request_ids = self.engine.enqueue(prompts, sampling, lora_request=self.lora, use_tqdm=False)
             outputs = self.engine.wait_for_completion(RequestOutput, use_tqdm=EngineProgress)
         except (VLLMError, RuntimeError, ValueError, IndexError, KeyError, TypeError) as error:
             raise UserError(f"vLLM failed on rows {index[0]}..{index[-1]} ({type(error).__name__}: "
                             f"{first_line(error)}); the shard's table was not written") from error
-        return matched_results(request_ids, outputs, ids, index, self.eos_ids, self.options["stop"])
+        return matched_results(request_ids, outputs, ids, index, self.eos_ids, params)
+
+
+def structured_params(spec: dict | None):
+    """`generate.structured` as vLLM's StructuredOutputsParams (json, regex or choice; whitespace is
+    the engine's, `engine.engine_arguments`)."""
+    if not spec:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    kind = next(kind for kind in ("json", "regex", "choice") if kind in spec)
+    return StructuredOutputsParams(**{kind: spec[kind]})
+
+
+def check_structured(spec: dict | None) -> None:
+    """vLLM's own check of a spec against its xgrammar backend, before any row: a spec it refuses
+    would fail every window's engine call."""
+    if not spec:
+        return
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMError
+    from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
+
+    kind = next(iter(spec))
+    try:
+        validate_xgrammar_grammar(SamplingParams(structured_outputs=structured_params(spec)))
+    except (VLLMError, ValueError, RuntimeError) as error:
+        raise UserError(f"generate.structured.{kind}: vLLM's xgrammar backend refuses it ({first_line(error)})"
+                        ) from None

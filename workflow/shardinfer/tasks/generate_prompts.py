@@ -1,0 +1,169 @@
+"""Prompts as both engines get them: token ids, made here once, from a text or a conversation.
+
+- **A text** (`input.text_column`) is tokenized as it is, or wrapped as a user message (after an
+  optional system message) in the tokenizer's chat template (`generate.chat_template`). A prompt
+  longer than max_length loses its beginning (a leading BOS kept), as before.
+- **A conversation** (`input.messages_column`: a list of {role, content} per row) is checked, then
+  rendered with the chat template and its generation prompt (the ids `LLM.chat` would make: we
+  render for both engines). `generate.system_prompt`, when set, goes first unless the conversation
+  has a system message of its own. A malformed conversation (not a non-empty list, a message
+  without a string role or content, a role the template refuses) is refused naming the row: the
+  shard fails, or with row_errors: record the row is an error.
+- **A conversation longer than max_length** keeps, predictably: (1) everything, when it fits; else
+  (2) its leading system message(s) and its latest whole turns that fit (a turn: a user message
+  and the replies after it), dropping the oldest first; else (3) the system message(s) and the last
+  turn with the last message's content cut from the left, at a character, so that its end (the
+  question) stays; else (4) the rendered ids cut from the left like a text. (2)-(4) count the row
+  as truncated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from shardinfer.errors import UserError
+from shardinfer.hf.tokens import TokenWindow
+from shardinfer.input.scan import text_values
+
+
+def prompt_token_ids(tokenizer, prompts: list[str], max_length: int, chat_template: bool
+                     ) -> tuple[list[list[int]], list[int]]:
+    """Token ids per prompt, cut from the left to max_length (a leading BOS kept), and the cut
+    positions: what both engines are given."""
+    special = not chat_template  # a chat template writes its own special tokens
+    ids = tokenizer(prompts, add_special_tokens=special, truncation=False, verbose=False)["input_ids"]
+    truncated = [i for i, row in enumerate(ids) if len(row) > max_length]
+    for i in truncated:
+        ids[i] = cut_left(tokenizer, ids[i], max_length)
+    return ids, truncated
+
+
+def cut_left(tokenizer, ids: list[int], max_length: int) -> list[int]:
+    """The last max_length ids, a leading BOS kept in front."""
+    bos = tokenizer.bos_token_id
+    keep = 1 if bos is not None and ids and ids[0] == bos and max_length > 1 else 0
+    return ids[:keep] + ids[len(ids) - (max_length - keep):]
+
+
+def conversation_problem(messages: Any) -> str | None:
+    """Why a conversation cannot go to a chat template (before the template sees it), or None."""
+    if not isinstance(messages, list) or not messages:
+        return "the conversation is empty" if isinstance(messages, list) else "the conversation is null"
+    for k, message in enumerate(messages):
+        if not isinstance(message, dict):
+            return f"message {k} is not a {{role, content}} object"
+        for key in ("role", "content"):
+            if not isinstance(message.get(key), str):
+                held = "missing" if message.get(key) is None else f"a {type(message[key]).__name__}"
+                return f"message {k} has no string {key} ({held})"
+    return None
+
+
+def with_system(messages: list[dict], system: str | None) -> list[dict]:
+    """The conversation's messages (keys without a value dropped: a Parquet struct's absent fields),
+    `system` first unless it opens with a system message."""
+    messages = [{key: value for key, value in message.items() if value is not None} for message in messages]
+    if system and messages[0]["role"] != "system":
+        return [{"role": "system", "content": system}, *messages]
+    return messages
+
+
+def turns(messages: list[dict]) -> tuple[list[dict], list[list[dict]]]:
+    """(the leading system messages, the turns after them): a turn opens at a user message."""
+    head = 0
+    while head < len(messages) and messages[head]["role"] == "system":
+        head += 1
+    groups: list[list[dict]] = []
+    for message in messages[head:]:
+        if message["role"] == "user" or not groups:
+            groups.append([])
+        groups[-1].append(message)
+    return messages[:head], groups
+
+
+class Refused(Exception):
+    """A conversation the template cannot take, and why."""
+
+
+class Conversations:
+    """Renders a window's conversations with the chat template, each fitted to max_length."""
+
+    def __init__(self, tokenizer, max_length: int, system: str | None, column: str) -> None:
+        self.tokenizer, self.max_length, self.system, self.column = tokenizer, max_length, system, column
+
+    def render(self, messages: list[dict]) -> list[int]:
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                  return_dict=False)
+
+    def window(self, first: int, values: pa.Array) -> tuple[TokenWindow, dict[int, str]]:
+        """Token ids per row, the truncated rows, and the refused ones (position -> why)."""
+        ids, truncated, refused = [], [], {}
+        for position, messages in enumerate(values.to_pylist()):
+            try:
+                row, cut = self.fitted(messages)
+            except Refused as why:
+                row, cut = [], False
+                refused[position] = f"input.messages_column `{self.column}`, row {first + position}: {why}"
+            ids.append(row)
+            if cut:
+                truncated.append(position)
+        return TokenWindow(first, ids, truncated), refused
+
+    def fitted(self, messages: Any) -> tuple[list[int], bool]:
+        """(ids, whether cut) by the rule in this module's docstring; raises Refused."""
+        from jinja2 import TemplateError
+
+        problem = conversation_problem(messages)
+        if problem:
+            raise Refused(problem)
+        messages = with_system(messages, self.system)
+        try:
+            ids = self.render(messages)
+        except (TemplateError, ValueError, TypeError, KeyError) as error:
+            why = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise Refused(f"the chat template refuses it ({why})") from None
+        if len(ids) <= self.max_length:
+            return ids, False
+        return self.shortened(messages, ids), True
+
+    def shortened(self, messages: list[dict], ids: list[int]) -> list[int]:
+        system, groups = turns(messages)
+        while len(groups) > 1:
+            groups = groups[1:]
+            ids = self.render(system + [m for group in groups for m in group])
+            if len(ids) <= self.max_length:
+                return ids
+        kept = system + [m for group in groups for m in group]
+        last = kept[-1]["content"]
+
+        def cut_at(start: int) -> list[int]:
+            return self.render([*kept[:-1], {**kept[-1], "content": last[start:]}])
+
+        if len(cut_at(len(last))) > self.max_length:  # the rest alone is too long: cut the ids
+            return cut_left(self.tokenizer, ids, self.max_length)
+        low, high = 0, len(last)  # the smallest start that fits
+        while low < high:
+            middle = (low + high) // 2
+            low, high = (low, middle) if len(cut_at(middle)) <= self.max_length else (middle + 1, high)
+        ids = cut_at(low)
+        return ids if len(ids) <= self.max_length else cut_left(self.tokenizer, ids, self.max_length)
+
+
+def text_prompts(tokenizer, values: pa.Array, null_as_empty: bool, chat_template: bool, system: str | None
+                 ) -> list[str]:
+    """A window's texts as prompts: as they are, or each a user message in the chat template."""
+    texts = text_values(values, null_as_empty)
+    if not chat_template:
+        return texts
+    head = [{"role": "system", "content": system}] if system else []
+    return [tokenizer.apply_chat_template([*head, {"role": "user", "content": text}], tokenize=False,
+                                          add_generation_prompt=True) for text in texts]
+
+
+def refuse_without_template(tokenizer, model_path: str, why: str) -> None:
+    """A chat template is needed (`why`) and the tokenizer has none: refused at load, in one line."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise UserError(f"model.path `{model_path}`: its tokenizer has no chat template, which {why} needs "
+                        "(tokenizer_config.json's chat_template or chat_template.jinja)")
