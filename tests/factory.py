@@ -211,33 +211,36 @@ def save_word_tokenizer(path: Path) -> None:
     tokenizer.save_pretrained(path)
 
 
-def build_tiny_causal_lm(root: Path, intermediate_size: int = 37) -> Path:
+def tiny_llama(vocab_size: int, eos: int, eos_like: int, intermediate_size: int = 37, **special_ids):
     """A tiny Llama (hidden 32, two layers, heads of 32 dimensions: the smallest vLLM's CPU attention
-    takes) over WORDS, saved with its word-level tokenizer. vLLM splits every layer's outputs
-    between tensor-parallel workers, so a model for tensor parallel 2 needs an even
-    `intermediate_size` (38; the heads, 4 and 2 KV, divide already).
-
-    Weights are drawn with a large spread (normal(0, 0.5)) so greedy logits are far from ties, and the
-    eos row of the head copies a word's row, scaled up: eos wins wherever that word would lead
-    strongly, so some greedy rows end on eos and others run to max_new_tokens.
-    """
+    takes), its weights drawn with a large spread (normal(0, 0.5)) so greedy logits are far from
+    ties, and the eos row of its head 1.25 times the row of the token `eos_like`: eos wins wherever
+    that token would lead strongly, so some greedy rows end on eos and others run to max_new_tokens.
+    vLLM splits every layer's outputs between tensor-parallel workers, so a model for tensor parallel 2
+    needs an even `intermediate_size` (38; the heads, 4 and 2 KV, divide already)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    path = root / ("tiny-causal-lm" if intermediate_size == 37 else f"tiny-causal-lm-{intermediate_size}")
-    config = LlamaConfig(vocab_size=len(CAUSAL_SPECIALS) + len(CAUSAL_WORDS), hidden_size=32,
-                         intermediate_size=intermediate_size,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                         max_position_embeddings=2 * MAX_POSITIONS, pad_token_id=0, bos_token_id=2, eos_token_id=3,
-                         tie_word_embeddings=False)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=intermediate_size,
+                         num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                         max_position_embeddings=2 * MAX_POSITIONS, eos_token_id=eos, tie_word_embeddings=False,
+                         **special_ids)
     torch.manual_seed(11)
     model = LlamaForCausalLM(config)
     with torch.no_grad():
         for parameter in model.parameters():
             if parameter.dim() == 2:
                 parameter.normal_(0.0, 0.5)
-        head = model.lm_head.weight
-        head[3] = 1.25 * head[len(CAUSAL_SPECIALS) + WORDS.index("bird")]
+        model.lm_head.weight[eos] = 1.25 * model.lm_head.weight[eos_like]
+    return model
+
+
+def build_tiny_causal_lm(root: Path, intermediate_size: int = 37) -> Path:
+    """`tiny_llama` over WORDS, saved with its word-level tokenizer; eos is drawn like "bird"."""
+    path = root / ("tiny-causal-lm" if intermediate_size == 37 else f"tiny-causal-lm-{intermediate_size}")
+    model = tiny_llama(len(CAUSAL_SPECIALS) + len(CAUSAL_WORDS), 3, len(CAUSAL_SPECIALS) + WORDS.index("bird"),
+                       intermediate_size, pad_token_id=0, bos_token_id=2)
     model.save_pretrained(path)
     save_word_tokenizer(path)
     return path
@@ -300,28 +303,16 @@ def save_bytes_tokenizer(path: Path, vocab_size: int = 400):
 
 
 def build_tiny_bytes_lm(root: Path) -> Path:
-    """A tiny Llama (the shape of `build_tiny_causal_lm`) over a byte-level BPE of ~400 tokens that can
-    spell JSON, dates and labels, with a chat template that refuses unknown roles: for conversations,
-    log-probabilities and structured output on both engines. The eos row of the head is 1.25 times
-    the row of `}`, so JSON rows often end on eos after their closing brace."""
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    """`tiny_llama` over a byte-level BPE of ~400 tokens that can spell JSON, dates and labels, with
+    a chat template that refuses unknown roles: for conversations, log-probabilities and structured
+    output on both engines. eos is drawn like `}`, so JSON rows often end on eos after their brace."""
+    from transformers import GenerationConfig
 
     path = root / "tiny-bytes-lm"
     tokenizer = save_bytes_tokenizer(path)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=37, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                         max_position_embeddings=2 * MAX_POSITIONS,
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False)
-    torch.manual_seed(11)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() == 2:
-                parameter.normal_(0.0, 0.5)
-        head = model.lm_head.weight
-        head[tokenizer.eos_token_id] = 1.25 * head[tokenizer.convert_tokens_to_ids("}")]
+    model = tiny_llama(len(tokenizer), tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("}"),
+                       pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id)
+    config = model.config
     model.save_pretrained(path)
     GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
                      pad_token_id=config.pad_token_id).save_pretrained(path)

@@ -22,7 +22,6 @@ SCHEMA = {"type": "object", "properties": {"label": {"enum": ["yes", "no", "mayb
           "required": ["label", "age"], "additionalProperties": False}
 CHOICES = ["positive", "negative", "neutral"]
 JSON = {"json": SCHEMA, "whitespace": "compact"}
-GREEDY = {"logprobs": 2, "structured": JSON}
 SAMPLED = {"do_sample": True, "seed": 7, "temperature": 1.2, "n": 2, "logprobs": 1, "structured": JSON}
 
 

@@ -6,8 +6,9 @@ own (the in-process engine binds the process's CPU threads and stays loaded, so 
 With the settings of that run's config (as the Snakefile builds them), it writes Parquet tables
 for tests/test_generation.py to compare: `one_window` (every row in one engine call: what one shard
 computes), `n4` (4 samples per row), `reversed` (2 samples, the windows in reverse order), `subset`
-(rows 5..8 alone), `choice` (greedy, a choice among CHOICES per row) and `cut` (json within 6 new
-tokens). The last four give every row its own parameters (`PromptRows.params`), as a per-row input would.
+(rows 5..8 alone), `greedy` (greedy, top 2 log-probabilities), `choice` (greedy, a choice among
+CHOICES) and `cut` (json within 6 new tokens). `n4`, `greedy`, `choice` and `cut` give every row
+parameters of its own (`PromptRows.params`), as a per-row input would.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def main(workdir: str, out: str) -> None:
         "n4": run_window(task, table, params=dataclasses.replace(base, n=4)),
         "reversed": pa_concat([run_window(task, table.slice(half), half), run_window(task, table.slice(0, half))]),
         "subset": run_window(task, table.slice(5, 4), 5),
+        "greedy": run_window(task, table, params=greedy(base)),
         "choice": run_window(task, table, params=dataclasses.replace(base, do_sample=False, n=1, logprobs=None,
                                                                       structured={"choice": CHOICES})),
         "cut": run_window(task, table, params=dataclasses.replace(base, max_new_tokens=6)),
@@ -44,6 +46,11 @@ def main(workdir: str, out: str) -> None:
     Path(out).mkdir(parents=True, exist_ok=True)
     for name, result in tables.items():
         pq.write_table(result, Path(out) / f"{name}.parquet")
+
+
+def greedy(base):
+    """The sampled run's parameters, greedy, one completion per row, the top 2 log-probabilities."""
+    return dataclasses.replace(base, do_sample=False, n=1, logprobs=2)
 
 
 def pa_concat(tables):

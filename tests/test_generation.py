@@ -2,10 +2,11 @@
 transformers) over the tiny byte-level Llama: conversations (Parquet and JSONL, one far too long),
 several samples per row, log-probabilities and JSON-schema output, in as few runs as prove it.
 
-- vLLM, greedy, 1 shard: conversations, logprobs 2, a JSON schema; the transformers engine on the
-  same rows gives the same texts, log-probabilities within 1e-4 and the same verdicts.
-- vLLM, sampled with n=2, 3 shards: equals every row in one engine call (the probe), and its
-  samples 0 and 1 are those of n=4, of the windows in reverse order and of a subset.
+- vLLM, sampled with n=2, logprobs and a JSON schema, 3 shards from Parquet: equals every row in one
+  engine call (the probe, tests/generation_probe.py), and its samples 0 and 1 are those of n=4, of
+  the windows in reverse order and of a subset.
+- Greedy, the same rows: the transformers engine gives vLLM's texts, verdicts and tokens, their
+  log-probabilities within 1e-4.
 - transformers, sampled with n=2, 3 shards, from JSONL: equals every row in one window.
 - A choice run yields only the choices; a row cut by max_new_tokens is never valid JSON.
 Every JSON row that ended on eos parses strictly and validates. Without vLLM installed the module
@@ -17,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +33,6 @@ from conftest import made_once
 from factory import build_tiny_bytes_lm, python_env, read_predictions, run_workflows
 from generation_data import (
     CHOICES,
-    GREEDY,
     LONG_ROW,
     MAX_LENGTH,
     ROWS,
@@ -67,8 +68,7 @@ def runs(bytes_lm, tmp_path_factory):
     jsonl = write_conversations(root / "data" / "chats.jsonl")
     bad = root / "data" / "bad.jsonl"
     bad.write_text(jsonl.read_text().replace('{"role": "system", ', '{"who": "system", ', 1))  # row 0: no role
-    planned = {"vllm-greedy-1": generation_config(parquet, bytes_lm, 1, "vllm", **GREEDY),
-               "vllm-sampled-3": generation_config(parquet, bytes_lm, 3, "vllm", **SAMPLED),
+    planned = {"vllm-sampled-3": generation_config(parquet, bytes_lm, 3, "vllm", **SAMPLED),
                "hf-sampled-3": generation_config(jsonl, bytes_lm, 3, "transformers", **SAMPLED),
                "hf-bad": generation_config(bad, bytes_lm, 1, "transformers")}
     workdirs = {name: root / name for name in planned}
@@ -136,18 +136,22 @@ def test_transformers_three_shards_equal_one_window(runs, tables):
     assert logprob_gap(three["logprobs"], one["logprobs"]) <= TOLERANCE  # other batches: other float rounding
 
 
-def test_greedy_transformers_equals_vllm(runs, tables):
-    """Same conversations, same JSON schema: the same texts, finish reasons and verdicts; the same
-    chosen and top-2 tokens, their log-probabilities within TOLERANCE."""
-    vllm = tables["vllm-greedy-1"]
-    settings = settings_of(runs[0]["vllm-greedy-1"])
+def test_greedy_transformers_equals_vllm(runs, probed):
+    """Same conversations, same JSON schema, greedy: the same texts, finish reasons and verdicts; the
+    same chosen and top-2 tokens, their log-probabilities within TOLERANCE."""
+    from generation_probe import greedy
+
+    vllm = probed["greedy"]
+    settings = settings_of(runs[0]["vllm-sampled-3"])
     settings = dataclasses.replace(settings, task_settings=dataclasses.replace(settings.task_settings,
                                                                                engine="transformers"))
-    hf = run_window(hf_task(settings), pq.read_table(settings.input.path).select(["messages"])).to_pandas()
+    task = hf_task(settings)
+    rows = pq.read_table(settings.input.path).select(["messages"])
+    hf = run_window(task, rows, params=greedy(task.params)).to_pandas()
     for column in ("generated", "n_prompt_tokens", "n_generated_tokens", "finish_reason", "valid", "invalid_reason"):
         assert vllm[column].map(as_list).tolist() == hf[column].map(as_list).tolist(), column
     assert 0 < logprob_gap(vllm["logprobs"], hf["logprobs"]) <= TOLERANCE
-    assert {"eos", "length"} <= set(vllm["finish_reason"])  # both occur
+    assert {"eos", "length"} <= {finish for (finish,) in vllm["finish_reason"].map(as_list)}  # both occur
 
 
 def test_samples_depend_on_seed_row_and_number_only(tables, probed):
@@ -167,7 +171,7 @@ def test_every_json_row_that_ended_on_eos_parses_and_validates(tables, probed):
 
     validator = Draft202012Validator(SCHEMA)
     checked = 0
-    for frame in (tables["vllm-greedy-1"], tables["vllm-sampled-3"], tables["hf-sampled-3"], probed["cut"]):
+    for frame in (probed["greedy"], tables["vllm-sampled-3"], tables["hf-sampled-3"], probed["cut"]):
         for texts, finishes, valid, reasons, parsed in flat_samples(frame):
             if finishes == "eos":
                 value = json.loads(texts)  # strict: no raw control characters
@@ -186,14 +190,15 @@ def test_a_choice_run_yields_only_choices(probed):
     assert rows["valid"].map(all).all()
 
 
-def test_log_probabilities_follow_the_generated_tokens(runs, tables):
+def test_log_probabilities_follow_the_generated_tokens(runs, probed):
     """One entry per generated token (eos included), the chosen token first among equals, top k
     sorted, and the tokens spelling the generated text."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(settings_of(runs[0]["vllm-greedy-1"]).model.path)
-    for tokens, count, text in zip(tables["vllm-greedy-1"]["logprobs"], tables["vllm-greedy-1"]["n_generated_tokens"],
-                                   tables["vllm-greedy-1"]["generated"]):
+    tokenizer = AutoTokenizer.from_pretrained(settings_of(runs[0]["vllm-sampled-3"]).model.path)
+    greedy = probed["greedy"]
+    for (tokens,), (count,), (text,) in zip(*(greedy[name].map(as_list) for name in
+                                             ("logprobs", "n_generated_tokens", "generated"))):
         assert len(tokens) == count
         assert tokenizer.decode([t["token_id"] for t in tokens], skip_special_tokens=True) == text
         for token in tokens:
@@ -203,12 +208,12 @@ def test_log_probabilities_follow_the_generated_tokens(runs, tables):
 
 
 def test_an_over_long_conversation_is_cut_and_counted(runs, tables):
-    frame = tables["vllm-greedy-1"]
-    summary = json.loads((runs[0]["vllm-greedy-1"] / "results" / "summary.json").read_text())
-    assert frame["n_prompt_tokens"].max() <= MAX_LENGTH and frame["n_prompt_tokens"][LONG_ROW] <= MAX_LENGTH
-    assert summary["run"]["truncated"] >= 1
-    log = (runs[0]["vllm-greedy-1"] / "logs" / "infer" / "0.log").read_text()
-    assert f"first rows: [{LONG_ROW}" in log or f", {LONG_ROW}" in log
+    workdir, frame = runs[0]["vllm-sampled-3"], tables["vllm-sampled-3"]
+    summary = json.loads((workdir / "results" / "summary.json").read_text())
+    assert frame["n_prompt_tokens"].max() <= MAX_LENGTH and summary["run"]["truncated"] >= 1
+    logs = " ".join(path.read_text() for path in (workdir / "logs" / "infer").glob("*.log"))
+    listed = re.findall(r"longer than max_length=\d+ were truncated \(first rows: \[([\d, ]*)\]\)", logs)
+    assert LONG_ROW in [int(row) for rows in listed for row in rows.split(",")]
 
 
 def test_a_malformed_conversation_fails_the_shard_in_one_line(runs):

@@ -229,6 +229,8 @@ class Generate(TextTask):
         input_ids, mask = pad_batch(ids, self.pad_id, self.left)
         index = torch.from_numpy(window.first + np.asarray(positions, dtype=np.int64))
         inputs = {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(mask), "index": index}
+        if self.with_token_types:  # one segment: a tokenizer that gives token types, for a model that takes them
+            inputs["token_type_ids"] = torch.zeros_like(inputs["input_ids"])
         inputs = {name: t.pin_memory() for name, t in inputs.items()} if self.pin else inputs
         return {**inputs, "params": [rows.params[p] for p in positions],
                 "refused": [rows.refused[p] for p in positions if p in rows.refused]}
@@ -237,7 +239,7 @@ class Generate(TextTask):
         if batch["refused"]:  # record: the runner narrows this down to the refused rows alone
             raise RowError(batch["refused"][0])
         params = batch["params"]
-        inputs = self.on_device({name: batch[name] for name in ("input_ids", "attention_mask", "index")})
+        inputs = self.on_device({name: t for name, t in batch.items() if name not in ("params", "refused")})
         completions = self.engine.run(inputs, params[0])
         return {"n_prompt_tokens": inputs["attention_mask"].sum(dim=1).cpu().numpy().astype(np.int32),
                 "completions": completions, "params": params}

@@ -120,17 +120,19 @@ class HfEngine:
         import torch
 
         ids, mask, index = inputs["input_ids"], inputs["attention_mask"], inputs["index"]
+        extra = {name: t for name, t in inputs.items() if name not in ("input_ids", "attention_mask", "index")}
         rows, width = ids.shape
         n = params.n
         sample = torch.arange(n, device=ids.device).repeat(rows) if n > 1 else None
-        cache = self.prefill(ids, mask, n) if n > 1 else None
+        cache = self.prefill(ids, mask, n) if n > 1 and not extra else None
         if n > 1:
             ids, mask, index = (t.repeat_interleave(n, dim=0) for t in (ids, mask, index))
+            extra = {name: t.repeat_interleave(n, dim=0) for name, t in extra.items()}
         eos = torch.tensor(self.eos_ids, device=self.device) if self.eos_ids else None
         recorder = FinishRecorder(rows * n, width, eos, self.stops(params.stop), self.device)
         recording = LogprobRecorder(params.logprobs) if params.logprobs is not None else None
         processors = self.processors(params, index, sample, width, rows * n, recorder, recording)
-        out = self.model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache,
+        out = self.model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache, **extra,
                                   max_new_tokens=params.max_new_tokens, do_sample=False, num_beams=1,
                                   num_return_sequences=1, pad_token_id=self.pad_id, eos_token_id=self.eos_ids or None,
                                   logits_processor=processors, stopping_criteria=[recorder])

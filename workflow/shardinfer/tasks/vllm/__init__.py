@@ -2,9 +2,10 @@
 KV cache and prefix caching, inside the same plan, shards, atomic shard files and proof.
 
 What stays the transformers engine's (`shardinfer.tasks.generate`): the prompts, token for token
-(chat template, system prompt, left truncation to max_length with a leading BOS kept), the eos
-ids (the tokenizer's and the generation_config's), decoding (special tokens skipped, cut before a
-stop string) and the output columns. What the engine gets:
+(texts and conversations, chat template, system prompt, truncation to max_length), the eos ids
+(the tokenizer's and the generation_config's), each row's parameters (`RowParams`), decoding
+(special tokens skipped, cut before a stop string), the output columns and how a structured row
+is judged. What the engine gets:
 
 - **Whole windows.** Each window of `batch.sort_window` rows is one `enqueue` of token-id prompts
   (`{"prompt_token_ids": ...}`), and the engine schedules them itself; `batch.max_tokens` and
@@ -14,8 +15,12 @@ stop string) and the output columns. What the engine gets:
   matched to its row by that id, and a row missing, returned twice, with other prompt ids than
   were sent, or ended otherwise than eos, length or stop (`abort`, `error`, ...) fails the shard
   in one line naming the row. The shard file is written only when its last window holds.
-- **One seed per row.** `SamplingParams(seed=row_seed(generate.seed, global row index))`: a row's
-  sample depends on its prompt, the seed and its index, not on the rows beside it in the engine.
+- **One SamplingParams per row**, from its parameters: `seed=row_seed(generate.seed, global row
+  index)`, so a row's samples depend on its prompt, the seed and its index, not on the rows beside
+  it in the engine; `n` (vLLM seeds sample j with seed + j: sample 0 is the n = 1 sample);
+  `logprobs`; `structured_outputs` (the spec checked by vLLM's own xgrammar check when the task
+  loads, since one it refuses would fail every window's call). The engine is started with the
+  xgrammar backend pinned and raw log-probabilities (`engine.output_arguments`).
 - **In-process engine** (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): no engine-core process is spawned,
   and scheduling is deterministic (vLLM's reproducibility docs). An engine that spans several
   devices (`generate.vllm.tensor_parallel_size` x `pipeline_parallel_size`) drives one worker
