@@ -224,6 +224,8 @@ def test_conversations_render_with_the_template_and_count_cuts(task):
     decode = chat.tokenizer.decode
     assert decode(window.data.ids[0]) == "<s><|system|>be kind<|end|><|user|>hi<|end|><|assistant|>"
     assert decode(window.data.ids[1]) == "<s><|system|>own<|end|><|user|>hi<|end|><|assistant|>"
+    assert window.data.ids[1] == chat.tokenizer.apply_chat_template(own, add_generation_prompt=True, tokenize=True,
+                                                                    return_dict=False)  # LLM.chat's ids
     assert window.truncated == [2] and len(window.data.ids[2]) <= MAX_LENGTH
 
 

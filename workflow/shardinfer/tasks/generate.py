@@ -25,6 +25,7 @@ runs the same task on vLLM's engine (`shardinfer.tasks.vllm`).
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ from shardinfer.tasks.generate_prompts import Conversations, prompt_token_ids, r
 from shardinfer.tasks.text import TextTask, model_length_limit
 from shardinfer.tasks.vllm.checks import check_one_device
 
+log = logging.getLogger(__name__)
 CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel", "WithLMHead", "ForConditionalGeneration",
                    "GenerationDecoder")  # class names with a generation head
 
@@ -80,6 +82,15 @@ def check_generate_section(settings: Settings) -> None:
     if options.n > 1 and settings.evaluate.label_column is not None:
         raise UserError(f"evaluate compares one generated text per row with its gold text; with generate.n {options.n} "
                         "leave evaluate.label_column out (or set n: 1)")
+
+
+def warn_short_choices(tokenizer, params: RowParams) -> None:
+    """A choice longer than max_new_tokens allows (its tokens and eos) can only end cut, and invalid."""
+    choices = (params.structured or {}).get("choice") or []
+    longest = max((len(tokenizer(choice, add_special_tokens=False)["input_ids"]) for choice in choices), default=0)
+    if longest + 1 > params.max_new_tokens:
+        log.warning("WARNING generate.structured.choice: the longest choice takes %d tokens and eos, more than "
+                    "model.max_new_tokens %d: rows that pick it end cut, and invalid", longest, params.max_new_tokens)
 
 
 def eos_token_ids(tokenizer, configured) -> list[int]:
@@ -126,6 +137,7 @@ class Generate(TextTask):
         self.eos_ids = eos_token_ids(tokenizer, configured_eos)
         self.conversations = self.conversation_renderer(settings)
         self.output = Columns(tokenizer, settings)
+        warn_short_choices(tokenizer, self.params)
         self.engine = self.transformers_engine() if loaded is not None else None
         self.generated_tokens = 0
 

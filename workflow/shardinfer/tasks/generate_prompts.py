@@ -94,8 +94,11 @@ class Conversations:
         self.tokenizer, self.max_length, self.system, self.column = tokenizer, max_length, system, column
 
     def render(self, messages: list[dict]) -> list[int]:
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                  return_dict=False)
+        """The template's text, tokenized without special tokens (the template writes its own): the
+        ids of `apply_chat_template(tokenize=True)` and of vLLM's `LLM.chat`, without the tokenizer's
+        warning that a text exceeds its length (the rule below cuts it)."""
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
 
     def window(self, first: int, values: pa.Array) -> tuple[TokenWindow, dict[int, str]]:
         """Token ids per row, the truncated rows, and the refused ones (position -> why)."""
