@@ -62,6 +62,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from generate_variants import bench_variants, compile_seconds, sampling_params
 from make_demo_data import demo_rows
 from shardinfer.batching import length_sorted_batches
 from shardinfer.config import BatchSettings, InputSettings, ModelSettings, Settings
@@ -381,7 +382,7 @@ def interleaved(repeats: int, variants: dict[str, Callable[[], Any]]) -> tuple[d
 
 def child(mode: str, settings: Settings, work: Path, device: str, label: str = "") -> dict:
     """`mode` (shard: the shard job; bare: vLLM's LLM.generate) in a process of its own, as a
-    Snakemake job runs; its wall-clock seconds and what it reports."""
+    Snakemake job runs; its wall-clock seconds and what it reports. `label` ends its files' names (a variant's: `-n4`)."""
     name = f"{mode}-{settings.task_settings.get('engine', 'transformers')}{label}"
     out = work / f"{name}.{'parquet' if mode == 'shard' else 'json'}"
     (work / f"{name}-settings.json").write_text(json.dumps(settings.to_dict()))
@@ -419,13 +420,14 @@ def bare_vllm(settings: Settings, device: str) -> dict:
     uses, so that the two differ only in what the shard job adds around the engine."""
     from shardinfer.hf.models import choose_dtype, load_tokenizer
     from shardinfer.tasks.base import LoadContext
-    from shardinfer.tasks.generate import eos_token_ids, prompt_token_ids
+    from shardinfer.tasks.generate import eos_token_ids
+    from shardinfer.tasks.generate_prompts import prompt_token_ids
     from shardinfer.tasks.vllm.checks import generation_config_of, generation_to_vllm
     from shardinfer.tasks.vllm.engine import engine_arguments, engine_environment
 
     engine_environment()  # the shard job's: in-process engine, the same CPU threads
     started = time.perf_counter()
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
 
     imported = time.perf_counter()
     model = settings.model
@@ -437,13 +439,15 @@ def bare_vllm(settings: Settings, device: str) -> dict:
     loading = time.perf_counter()
     llm = LLM(**engine_arguments(context))
     ready = time.perf_counter()
-    params = SamplingParams(temperature=0.0, max_tokens=model.max_new_tokens, detokenize=False,
-                            stop_token_ids=eos_token_ids(tokenizer, config.get("eos_token_id")),
-                            **generation_to_vllm(config, model.path))
+    params = sampling_params(settings, eos_token_ids(tokenizer, config.get("eos_token_id")),
+                             generation_to_vllm(config, model.path), len(ids))
+    compiled = compile_seconds(llm, ids[0], params[0]) if settings.task_settings.structured else 0.0
+    begun = time.perf_counter()
     outputs = llm.generate([{"prompt_token_ids": row} for row in ids], params, use_tqdm=False)
     done = time.perf_counter()
-    return {"import_s": imported - started, "start_s": ready - loading, "generate_s": done - ready,
-            "tokens": [list(output.outputs[0].token_ids) for output in outputs],
+    return {"import_s": imported - started, "start_s": ready - loading, "generate_s": done - begun,
+            "compile_s": compiled, "tokens": [list(output.outputs[0].token_ids) for output in outputs],
+            "generated": sum(len(c.token_ids) for output in outputs for c in output.outputs),
             "prompts": [len(row) for row in ids]}
 
 
@@ -455,13 +459,17 @@ def bench_generate(args: argparse.Namespace, work: Path) -> None:
         raise SystemExit(f"--task generate needs a decoder shape (qwen-cpu-gen, qwen-cpu-small or qwen-0.5b); "
                          f"got {shape}")
     rows = args.rows or (300 if args.device == "cpu" else 600)
-    model_dir = build_generator(shape, work / "model", args.eos_rate, args.repetition_penalty)
+    penalty = 1.0 if args.variants else args.repetition_penalty  # sampled variants; logprobs on transformers need none
+    model_dir = build_generator(shape, work / "model", args.eos_rate, penalty)
     texts = prompt_texts(rows)
     pd.DataFrame({"id": np.arange(rows), "text": texts}).to_parquet(work / "input.parquet")
     settings = bench_settings(model_dir, work / "input.parquet", args.max_length, args.max_tokens, "generate",
                               args.max_new_tokens, max_rows=args.max_rows)
     run_plan(settings.input, 1, args.max_length, str(work / "plan.json"))
     torch.ones(1, device=args.device)  # start CUDA (or not) outside the timings
+    if args.variants:
+        print(f"\n{shape}, {rows} prompts, max_new_tokens {args.max_new_tokens}, sampled; generation variants")
+        return bench_variants(settings, work, args.device, args.engines, args.vllm_args, child)
     vllm = dataclasses.replace(settings, task_settings={"engine": "vllm", "vllm": args.vllm_args})
     variants = {} if args.engines_only else {
         "naive": partial(naive_generate, model_dir, texts[: args.naive_rows], args.device, args.max_new_tokens),
@@ -718,6 +726,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--engines-only", action="store_true",
                         help="generate: only the shard job per engine and bare LLM.generate (no naive loop, "
                              "no fixed batches)")
+    parser.add_argument("--variants", action="store_true",
+                        help="generate: n=4, logprobs and a JSON schema against sampling alone, on each engine's "
+                             "shard job and bare vLLM with the same SamplingParams (scripts/generate_variants.py)")
     parser.add_argument("--vllm-args", type=json.loads, default={},
                         help='generate: generate.vllm for the vLLM variants, as JSON (e.g. \'{"max_num_seqs": 128}\')')
     parser.add_argument("--child", choices=["shard", "bare"], help=argparse.SUPPRESS)

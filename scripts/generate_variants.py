@@ -1,0 +1,124 @@
+"""`scripts/benchmark.py --task generate --variants`: what the generation features cost, same prompts,
+one run, each variant on the shard job (vLLM engine, and the transformers engine unless
+`--engines vllm`) and on bare vLLM `LLM.generate` with the same `SamplingParams` per row:
+
+- `sampled`: do_sample, temperature 1, one completion per row (the base of the others);
+- `n4`: 4 completions per row (goal: at most 4 rows' time, less with the shared prompt);
+- `logprobs`: the chosen token's and the top 5 log-probabilities (goal: at most 10% slower);
+- `json`: a JSON schema (goal: at least 0.8x the rows/s once the grammar is compiled; the
+  compile time, the first request with the schema less an unconstrained one, on a line of its own).
+
+Each shard job and each bare engine runs in a process of its own (`benchmark.child`); the figures
+are their generating seconds (the shard job's device stage; the bare engine's `generate` call).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+SCHEMA = {"type": "object", "properties": {"label": {"enum": ["yes", "no", "maybe"]},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                                           "ok": {"type": "boolean"}},
+          "required": ["label", "age", "ok"], "additionalProperties": False}
+BASE = {"do_sample": True, "temperature": 1.0, "seed": 0}
+VARIANTS = {"sampled": {}, "n4": {"n": 4}, "logprobs": {"logprobs": 5},
+            "json": {"structured": {"json": SCHEMA, "whitespace": "compact"}}}
+
+
+def sampling_params(settings, eos_ids: list[int], mapped: dict, rows: int) -> list:
+    """The SamplingParams the shard job's vLLM engine builds for each row (`VllmGenerate.sampling_params`),
+    written out here as a user of bare vLLM would: n, a seed per row (row_seed), logprobs, schema."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    from shardinfer.tasks.vllm.task import row_seed
+
+    o, max_new = settings.task_settings, settings.model.max_new_tokens
+    structured = StructuredOutputsParams(json=o.structured["json"]) if o.structured else None
+    if not o.do_sample:
+        return [SamplingParams(temperature=0.0, max_tokens=max_new, detokenize=False, stop_token_ids=eos_ids,
+                               logprobs=o.logprobs, structured_outputs=structured, **mapped)] * rows
+    return [SamplingParams(temperature=o.temperature, top_p=o.top_p, seed=row_seed(o.seed, i), n=o.n,
+                           max_tokens=max_new, detokenize=False, stop_token_ids=eos_ids, logprobs=o.logprobs,
+                           structured_outputs=structured, **mapped) for i in range(rows)]
+
+
+def compile_seconds(llm, ids: list[int], params) -> float:
+    """The grammar's compile time as a user meets it: a 1-token request with the schema less the same
+    request without one (vLLM caches the compiled grammar, so the timed run after it does not pay it)."""
+    from vllm import SamplingParams
+
+    plain = SamplingParams(max_tokens=1, temperature=0.0)
+    constrained = SamplingParams(max_tokens=1, temperature=0.0, structured_outputs=params.structured_outputs)
+    llm.generate([{"prompt_token_ids": ids}], plain, use_tqdm=False)
+    started = time.perf_counter()
+    llm.generate([{"prompt_token_ids": ids}], constrained, use_tqdm=False)
+    with_schema = time.perf_counter() - started
+    started = time.perf_counter()
+    llm.generate([{"prompt_token_ids": ids}], plain, use_tqdm=False)
+    return with_schema - (time.perf_counter() - started)
+
+
+def bench_variants(settings, work: Path, device: str, engines: list[str], vllm_args: dict, child: Callable) -> None:
+    """Every variant on each engine's shard job and on bare vLLM, then the table and the goals."""
+    results = {}
+    for name, options in VARIANTS.items():
+        section = {**BASE, **options}
+        if "vllm" in engines:
+            vllm = dataclasses.replace(settings, task_settings={"engine": "vllm", "vllm": vllm_args, **section})
+            results[name, "vllm"] = child("shard", vllm, work, device, f"-{name}")
+            results[name, "bare"] = child("bare", vllm, work, device, f"-{name}")
+        if "transformers" in engines:
+            results[name, "transformers"] = child("shard", dataclasses.replace(settings, task_settings=section), work,
+                                                  device, f"-{name}")
+    print_variants(results, rows=settings_rows(settings))
+
+
+def settings_rows(settings) -> int:
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(settings.input.path).metadata.num_rows
+
+
+def generating(run: dict) -> float:
+    return run["stats"]["stages"]["device"] if "stats" in run else run["generate_s"]
+
+
+def generated_tokens(run: dict) -> int:
+    return run["stats"]["generated_tokens"] if "stats" in run else run["generated"]
+
+
+def print_variants(results: dict, rows: int) -> None:
+    print(f"\n{'variant':10}{'run':34}{'generating s':>13}{'rows/s':>9}{'gen tok/s':>11}{'vs sampled':>12}"
+          f"{'shard/bare':>12}")
+    names = {"vllm": "shard job, vLLM engine", "bare": "bare LLM.generate", "transformers": "shard job, transformers"}
+    for (variant, run), result in results.items():
+        seconds, base = generating(result), generating(results["sampled", run])
+        versus = f"{seconds / base:.2f}x" if variant != "sampled" else ""
+        bare = results.get((variant, "bare"))
+        against = f"{seconds / generating(bare):.2f}x" if run == "vllm" and bare else ""
+        print(f"{variant:10}{names[run]:34}{seconds:>13.1f}{rows / seconds:>9.1f}"
+              f"{generated_tokens(result) / seconds:>11.0f}{versus:>12}{against:>12}")
+    for run in ("vllm", "bare", "transformers"):
+        if ("sampled", run) in results:
+            print_goals(results, run, names[run], rows)
+
+
+def print_goals(results: dict, run: str, name: str, rows: int) -> None:
+    """Each variant's goal, met or not, for one run kind."""
+    base = generating(results["sampled", run])
+    n4 = generating(results["n4", run]) / base
+    logprobs = generating(results["logprobs", run]) / base - 1
+    compile_s = results["json", "bare"].get("compile_s", 0.0) if ("json", "bare") in results else 0.0
+    # the vLLM shard job compiles in its first window; bare vLLM compiled before its timed call, and
+    # the transformers engine when its task loaded
+    compiled = generating(results["json", run]) - (compile_s if run == "vllm" else 0.0)
+    json_rate = base / max(compiled, 1e-9)
+    print(f"{name}: n=4 takes {n4:.2f}x one sample's time (goal <= 4); logprobs {logprobs:+.0%} (goal <= +10%); "
+          f"json {json_rate:.2f}x the rows/s after compiling (goal >= 0.8)")
+    if run == "bare" and compile_s:
+        print(f"grammar compile (bare vLLM, first request with the schema less an unconstrained one): "
+              f"{compile_s:.2f} s")
