@@ -55,6 +55,12 @@ def engine_devices(config: dict) -> tuple[int, str]:
     return engine.devices(section), engine.devices_setting
 
 
+def output_columns(task: str) -> tuple[str, ...]:
+    """The columns a built-in task adds to each row at its section's defaults (`Task.outputs`; the
+    settings' own: `Task.output_fields`), for the docs' task table; custom: known once its code loads."""
+    return tuple(task_class(task).outputs)
+
+
 def may_write_files(task: str) -> bool:
     """Whether the task's outputs may include file columns (then each shard gets a files folder)."""
     return bool(getattr(task_class(task), "writes_files", False))

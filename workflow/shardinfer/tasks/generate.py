@@ -40,7 +40,7 @@ from shardinfer.hf.tokens import TokenWindow
 from shardinfer.schema import defaults
 from shardinfer.tasks.base import TaskInputs, Window, tokenize_ahead_refused
 from shardinfer.tasks.classify import untrained_head
-from shardinfer.tasks.generate_columns import Columns, output_fields
+from shardinfer.tasks.generate_columns import COLUMNS, Columns, output_fields
 from shardinfer.tasks.generate_params import PromptRows, RowParams
 from shardinfer.tasks.generate_prompts import Conversations, prompt_token_ids, refuse_without_template, text_prompts
 from shardinfer.tasks.text import TextTask, model_length_limit
@@ -125,6 +125,7 @@ class Generate(TextTask):
     scored_as = "texts"  # evaluate: exact match of `generated` with the reference (shardinfer.metrics)
     compared = {"texts": "generated"}
     totals = {"generated_tokens": "generated tokens/s"}
+    outputs = COLUMNS  # at the section's defaults; `output_fields` gives the settings' own
 
     def __init__(self, loaded, tokenizer, pad_id: int, context, configured_eos=None) -> None:
         """`configured_eos`: the generation_config's eos id(s) when there is no loaded model to ask."""
@@ -143,7 +144,7 @@ class Generate(TextTask):
 
     @classmethod
     def output_fields(cls, settings: Settings) -> dict:
-        return output_fields(settings)
+        return output_fields(settings)  # `outputs` at the defaults, more or lists as the settings ask
 
     @classmethod
     def inputs(cls, inp: dict, section: dict) -> TaskInputs:

@@ -29,14 +29,18 @@ from shardinfer.tasks.generate_params import RowParams
 from shardinfer.tasks.generate_structured import Judge, parsed_type
 
 FINISH = ("length", "eos", "stop")  # finish codes 0, 1, 2
+# The columns at the section's defaults (n: 1, no logprobs, free text): `Generate.outputs`, the docs'
+# task table. With n > 1 all but n_prompt_tokens become lists (SAMPLED).
+COLUMNS: dict[str, OutputType] = {"generated": pa.string(), "n_prompt_tokens": pa.int32(),
+                                  "n_generated_tokens": pa.int32(), "finish_reason": pa.string()}
+SAMPLED = ("generated", "n_generated_tokens", "finish_reason")
 
 
 def output_fields(settings: Settings) -> dict[str, OutputType]:
     """The columns these settings give, in order."""
     options = settings.task_settings
     each = pa.list_ if options.n > 1 else (lambda kind: kind)
-    fields = {"generated": each(pa.string()), "n_prompt_tokens": pa.int32(), "n_generated_tokens": each(pa.int32()),
-              "finish_reason": each(pa.string())}
+    fields = {name: each(kind) if name in SAMPLED else kind for name, kind in COLUMNS.items()}
     if options.logprobs is not None:
         fields["logprobs"] = each(LOGPROBS)
     if options.structured:
