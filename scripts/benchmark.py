@@ -7,6 +7,8 @@
     .venv/bin/python scripts/benchmark.py --task generate          # causal LM, CPU (qwen-cpu-gen)
     python scripts/benchmark.py --task generate --device cuda      # the Qwen2-0.5B shape
     .venv/bin/python scripts/benchmark.py --task parallel          # vLLM: tensor parallel 2 beside 1
+    .venv/bin/python scripts/benchmark.py --task generate --variants --rows 64 --max-new-tokens 32 \
+        --vllm-args '{"enable_chunked_prefill": false}'              # n, logprobs, JSON schema (CPU)
 
 The naive loop is the common way: pad every text to max_length, float32, batches of 10, input
 order. The shard runner is `shardinfer.shard.job.run_shard` itself, end to end: read the parquet
@@ -38,6 +40,10 @@ the prompt count above which the vLLM engine wins end to end.
 build, one worker per core; on GPUs: one per leased GPU) on the same prompts, greedy, and prints
 each one's engine start-up, rows/s while generating and end to end, and whether their rows agree.
 On a 2-core machine it checks that parallel 2 runs and gives the same rows, not that it is faster.
+
+`--task generate --variants` instead times what the generation features cost (n=4, logprobs, a JSON
+schema against sampling alone), once each, on each engine's shard job and on bare vLLM with the
+same SamplingParams (scripts/generate_variants.py).
 """
 
 from __future__ import annotations
