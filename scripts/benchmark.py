@@ -388,7 +388,8 @@ def interleaved(repeats: int, variants: dict[str, Callable[[], Any]]) -> tuple[d
 
 def child(mode: str, settings: Settings, work: Path, device: str, label: str = "") -> dict:
     """`mode` (shard: the shard job; bare: vLLM's LLM.generate) in a process of its own, as a
-    Snakemake job runs; its wall-clock seconds and what it reports. `label` ends its files' names (a variant's: `-n4`)."""
+    Snakemake job runs; its wall-clock seconds and what it reports. `label` ends its files' names
+    (a variant's: `-n4`)."""
     name = f"{mode}-{settings.task_settings.get('engine', 'transformers')}{label}"
     out = work / f"{name}.{'parquet' if mode == 'shard' else 'json'}"
     (work / f"{name}-settings.json").write_text(json.dumps(settings.to_dict()))

@@ -13,7 +13,6 @@ from typing import Any
 from shardinfer.config import ModelSettings
 from shardinfer.errors import UserError, first_line
 from shardinfer.tasks.base import LoadContext
-from shardinfer.tasks.generate import generation_options
 from shardinfer.tasks.vllm.checks import INSTALL_HINT, Span, check_lora, vllm_version
 from shardinfer.tasks.vllm.parallel import parallel_arguments, place_workers
 
@@ -64,7 +63,7 @@ def engine_arguments(context: LoadContext) -> dict:
             seqs = int(user.get("max_num_seqs", 256))
             defaults.update(max_num_seqs=seqs, kv_cache_memory_bytes=cpu_kv_cache_bytes(
                 model, dtype, arguments["max_model_len"], seqs))
-        if generation_options(options)["do_sample"]:
+        if options.get("do_sample"):
             defaults.update(cpu_sampling_arguments(user, arguments["max_model_len"]))
         arguments.update(defaults)
     return {**arguments, **user}
