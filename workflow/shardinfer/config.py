@@ -11,6 +11,7 @@ there (`added`), travels only when set.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 
 from shardinfer.schema import defaults
@@ -153,6 +154,45 @@ class RowErrorSettings:
         return int(self.max) if self.max >= 1 else int(self.max * rows)
 
 
+SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+              "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_size(value: int | str) -> int | None:
+    """Bytes of a size as a config gives it (`512MB`, `1.5GiB`, `2 GB`, 1000000); None when it is none."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 1 else None
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(value))
+    if not match or match.group(2).upper() not in SIZE_UNITS:
+        return None
+    size = int(float(match.group(1)) * SIZE_UNITS[match.group(2).upper()])
+    return size if size >= 1 else None
+
+
+@dataclass(frozen=True)
+class OutputSettings:
+    """`output:`: one file, or a folder of parts (`layout`), cut at about `part_size` by the shard jobs.
+    Where the values go, never what they are: not in the shard digest, and no rule param of a shard
+    job (rule_params.OUTPUT_NEUTRAL), so a change reruns no finished shard."""
+
+    layout: str = field(default_factory=lambda: defaults("output")["layout"])
+    part_size: int | str = field(default_factory=lambda: defaults("output")["part_size"])
+
+    @property
+    def parts(self) -> bool:
+        return self.layout == "parts"
+
+    @property
+    def part_bytes(self) -> int:
+        """`part_size` in bytes (checked when the Snakefile loads: `configure.output_settings`)."""
+        size = parse_size(self.part_size)
+        if size is None:
+            raise ValueError(f"output.part_size {self.part_size!r} is not a size")
+        return size
+
+
 @dataclass(frozen=True)
 class Settings:
     input: InputSettings
@@ -166,6 +206,7 @@ class Settings:
     task_settings: TaskSettings = field(default_factory=dict)
     evaluate: EvaluateSettings = field(default_factory=EvaluateSettings)
     row_errors: RowErrorSettings = field(default_factory=RowErrorSettings)
+    output: OutputSettings = field(default_factory=OutputSettings)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "task_settings", section_settings(self.model.task, self.task_settings))
@@ -188,11 +229,13 @@ class Settings:
             task_settings=data["task_settings"],
             evaluate=EvaluateSettings(**(data.get("evaluate") or {})),
             row_errors=RowErrorSettings(**(data.get("row_errors") or {})),
+            output=OutputSettings(**(data.get("output") or {})),
         )
 
 
 def job_settings(params: dict, config: dict) -> Settings:
     """A job's settings: its rule's `settings` param, which leaves out what cannot change an output
-    (`rule_params.OUTPUT_NEUTRAL`: the batch section, read here from the job's config), so that a
-    changed batch size reruns no finished shard (Snakemake reruns a job whose params changed)."""
-    return Settings.from_dict({**params, "batch": config["batch"]})
+    (`rule_params.OUTPUT_NEUTRAL`: the batch and output sections, read here from the job's config), so
+    that a changed batch size or layout reruns no finished shard (Snakemake reruns a job whose params
+    changed)."""
+    return Settings.from_dict({**params, "batch": config["batch"], "output": config.get("output") or {}})

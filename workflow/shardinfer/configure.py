@@ -12,7 +12,8 @@ import importlib.util
 from pathlib import Path
 
 from shardinfer.auto_shards import AUTO
-from shardinfer.config import BatchSettings, EvaluateSettings, InputSettings, ModelSettings, RowErrorSettings, Settings
+from shardinfer.config import (SIZE_UNITS, BatchSettings, EvaluateSettings, InputSettings, ModelSettings,
+                               OutputSettings, RowErrorSettings, Settings, parse_size)
 from shardinfer.errors import UserError
 from shardinfer.input.discovery import OWN_FOLDERS, own_outputs_passed_over, resolve_input
 from shardinfer.input.formats import format_named, options_in
@@ -69,6 +70,7 @@ def settings_from_config(config: dict, name: str | None = None, auto_shards: int
         task_settings=section_settings(model["task"], section),
         evaluate=EvaluateSettings(**(config.get("evaluate") or {})),
         row_errors=row_error_settings(config.get("row_errors") or {}),
+        output=output_settings(config.get("output") or {}),
     )
 
 
@@ -142,6 +144,16 @@ def row_error_settings(section: dict) -> RowErrorSettings:
     if settings.max >= 1 and settings.max != int(settings.max):
         raise UserError(f"row_errors.max is a count of rows when 1 or more (a fraction of the shard's rows "
                         f"below 1); got {settings.max!r}")
+    return settings
+
+
+def output_settings(section: dict) -> OutputSettings:
+    """`output:`; its part size a size in bytes or with a unit."""
+    settings = OutputSettings(**section)
+    if parse_size(settings.part_size) is None:
+        raise UserError(f"config `output.part_size`: {settings.part_size!r} is not a size; give bytes (an integer "
+                        f">= 1) or a number with a unit: {', '.join(unit for unit in SIZE_UNITS if unit)} "
+                        "(e.g. 512MB, 1.5GiB)")
     return settings
 
 

@@ -19,9 +19,10 @@ from shardinfer.input.identity import gather_trigger, plan_trigger, storage_trig
 from shardinfer.settings_digest import output_digest, tokenizer_digest
 from shardinfer.stored_model import ModelFiles, hand_on, handed, with_handed_paths
 
-# Sections of the settings that decide how fast rows are computed, never what comes out: not in
-# the rules' params (a change would rerun every finished shard), the jobs read them from the config.
-OUTPUT_NEUTRAL = ("batch",)
+# Sections of the settings that decide how fast rows are computed or how the table is laid out in
+# files, never what comes out: not in the rules' params (a change would rerun every finished shard),
+# the jobs read them from the config.
+OUTPUT_NEUTRAL = ("batch", "output")
 
 
 @dataclass(frozen=True)

@@ -1,149 +1,36 @@
 """The proof: the shard files add up to the input, row for row, before gather writes anything.
 
 The plan says what must exist. Every check holds or gather writes nothing: the input is unchanged
-(the same parts, each of the planned size, mtime, content digest and rows), each planned shard file
-belongs to this plan and these settings, and its `index` column is exactly its planned range, in
-order. While gather concatenates (`shardinfer.proof.gather`), each shard's values are hashed as
-they pass and checked against the digest its job recorded (`verified_row_groups`), and its files
-per row against their rows.
+(the same parts, each of the planned size, mtime, content digest and rows), each planned shard's
+files belong to this plan and these settings, and their `index` column is exactly its planned
+range, in order (`shardinfer.proof.shards`). A shard whose files are no longer as its job left them
+has its bytes or values checked again before they are used (`shardinfer.proof.values`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from shardinfer.config import InputSettings
-from shardinfer.contract.content_digest import CONTENT_KEY, ContentHasher
-from shardinfer.contract.row_files import prove_files, refuse_unlisted, staging_folder
-from shardinfer.contract.shard_file import FILE_TYPE, IDENTITY_KEY, INDEX_COLUMN, STATS_KEY
+from shardinfer.contract.pieces import record_path
+from shardinfer.contract.row_files import staging_folder
 from shardinfer.errors import ProofError
 from shardinfer.input.identity import digest_alongside
 from shardinfer.input.parts import Part, one_file, refuse_other_parts
 from shardinfer.input.scan import count_rows
 from shardinfer.plan import Plan
+from shardinfer.proof.shards import ShardFile, prove_recorded, prove_shard
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class ShardFile:
-    shard: int
-    path: str
-    rows: int
-    schema: pa.Schema
-    stats: dict
-    content: str  # the digest of its values its job recorded (shardinfer.contract.content_digest)
-    files: dict | None = None  # {"folder", "columns": {column: suffix}} when the task may write files
-
-
-def describe_index_fault(index: np.ndarray, start: int, end: int) -> str:
-    """Say what is wrong with an index column that should be exactly start..end-1 in order."""
-    expected = np.arange(start, end, dtype=np.int64)
-    values, counts = np.unique(index, return_counts=True)
-    if (counts > 1).any():
-        return f"index {int(values[counts > 1][0])} appears {int(counts[counts > 1][0])} times"
-    missing = np.setdiff1d(expected, values)
-    if missing.size:
-        return f"row {int(missing[0])} is missing ({missing.size} missing, planned [{start}, {end}))"
-    extra = np.setdiff1d(values, expected)
-    if extra.size:
-        return f"row {int(extra[0])} is outside its planned range [{start}, {end})"
-    first = int(np.flatnonzero(index != expected)[0])
-    return f"rows out of order at position {first} (index {int(index[first])}, expected {start + first})"
-
-
-def _metadata(file: pq.ParquetFile, key: bytes) -> dict | None:
-    raw = (file.metadata.metadata or {}).get(key)
-    return json.loads(raw) if raw else None
-
-
-def open_verified(path: str) -> pq.ParquetFile:
-    """A Parquet file whose pages are checked against their CRC32 as they are read (written by
-    `atomic_parquet_writer`): bit rot on disk is an error, not wrong values."""
-    return pq.ParquetFile(path, page_checksum_verification=True)
-
-
-def read_fault(error: Exception) -> str:
-    """What a failed read means, in a few words: a page failing its checksum, or anything else."""
-    first = str(error).splitlines()[0] if str(error).strip() else type(error).__name__
-    if "checksum" in first.lower():
-        return f"damaged: a page fails its checksum ({first})"
-    return f"unreadable or truncated parquet ({first})"
-
-
-def prove_shard(plan: Plan, shard: int, path: str, digest: str, folder: str | None = None) -> ShardFile:
-    """Check one shard file against its planned range (and its files against `folder`, the shard's
-    expected files folder when the task may write files); raise ProofError naming the fault."""
-    start, end = plan.ranges[shard]
-    where = f"shard {shard} (`{path}`)"
-    if not Path(path).is_file():
-        raise ProofError(f"{where}: file is missing; rerun its infer job")
-    try:
-        file = open_verified(path)
-        identity, stats = _metadata(file, IDENTITY_KEY), _metadata(file, STATS_KEY) or {}
-        content = _metadata(file, CONTENT_KEY) or {}
-        index = None
-        if identity is not None and INDEX_COLUMN in file.schema_arrow.names:
-            index = file.read(columns=[INDEX_COLUMN]).column(0)
-    except (pa.ArrowException, OSError, ValueError) as error:
-        raise ProofError(f"{where}: {read_fault(error)}") from error
-    if identity is None or index is None:
-        raise ProofError(f"{where}: not a shard file of this workflow (no shard identity or `{INDEX_COLUMN}` column)")
-    if identity.get("plan_id") != plan.plan_id:
-        raise ProofError(f"{where}: made under another plan ({identity.get('plan_id')}, current {plan.plan_id}); "
-                         "rerun it")
-    if (identity.get("shard"), identity.get("start"), identity.get("end")) != (shard, start, end):
-        raise ProofError(f"{where}: holds shard {identity.get('shard')} [{identity.get('start')}, "
-                         f"{identity.get('end')}), planned [{start}, {end})")
-    if identity.get("digest") != digest:
-        raise ProofError(f"{where}: made with other model or output settings ({identity.get('digest')}, current "
-                         f"{digest}); rerun it")
-    if index.null_count:
-        raise ProofError(f"{where}: {index.null_count} null value(s) in `{INDEX_COLUMN}`")
-    values = index.to_numpy()
-    if values.size != end - start or not np.array_equal(values, np.arange(start, end)):
-        raise ProofError(f"{where}: {describe_index_fault(values, start, end)}")
-    if not content.get("digest"):
-        raise ProofError(f"{where}: its metadata holds no digest of its values, which its infer job always writes "
-                         "(the file was rewritten by another tool, or its metadata edited); delete it and rerun its "
-                         "infer job")
-    schema = file.schema_arrow.remove_metadata()
-    return ShardFile(shard=shard, path=path, rows=int(values.size), schema=schema, stats=stats,
-                     content=content["digest"], files=files_identity(where, identity, schema, folder))
-
-
-def files_identity(where: str, identity: dict, schema: pa.Schema, folder: str | None) -> dict | None:
-    """The shard's files as gather will check them: in the folder the workflow expects (None: the
-    task writes no files), with the file columns its schema has, not only those its metadata names."""
-    files = identity.get("files")
-    in_schema = sorted(f.name for f in schema if f.type.equals(FILE_TYPE))
-    if folder is None:
-        if files is not None or in_schema:
-            raise ProofError(f"{where}: has files (columns {in_schema}) but this workflow's task writes none")
-        return None
-    if files is None:
-        raise ProofError(f"{where}: names no files folder, expected `{folder}`; rerun it")
-    if files.get("folder") != folder:
-        raise ProofError(f"{where}: names files folder `{files.get('folder')}`, expected `{folder}`; rerun it")
-    if sorted(files.get("columns") or {}) != in_schema:
-        raise ProofError(f"{where}: its metadata names file columns {sorted(files.get('columns') or {})}, "
-                         f"its schema has {in_schema}")
-    return files
-
-
-def refuse_stray_files(shard_paths: list[str]) -> None:
-    """Anything in the shard folder that the plan did not ask for (a job's `.partial` leftover aside)."""
-    planned = {Path(p).resolve() for p in shard_paths}
-    for folder in sorted({path.parent for path in planned}):
+def refuse_stray_files(shards: list[ShardFile]) -> None:
+    """Anything in the shard folder that the plan did not ask for: not a planned shard's file, piece or
+    record (a job's `.partial` leftover aside)."""
+    planned = {Path(piece.path).resolve() for shard in shards for piece in shard.files_in_order}
+    planned |= {record_path(shard.path).resolve() for shard in shards}
+    for folder in sorted({Path(shard.path).resolve().parent for shard in shards}):
         for entry in sorted(folder.iterdir()):
             if entry.resolve() not in planned and not (entry.name.startswith(".") and entry.name.endswith(".partial")):
                 raise ProofError(f"stray file `{entry}` in the shard folder is not part of the plan; remove it")
@@ -162,28 +49,24 @@ def refuse_stray_folders(files_folders: list[str]) -> None:
 
 def prove(plan: Plan, shard_paths: list[str], inp: InputSettings, digest: str,
           files_folders: list[str] | None = None, local_parts: list[str] | None = None,
-          part_names: list[str] | None = None) -> list[ShardFile]:
+          part_names: list[str] | None = None, records: list[str] | None = None) -> list[ShardFile]:
     """Every proof that must hold before anything is written; returns the proven shards in order.
     `files_folders`: each shard's expected files folder, when the task may write files. `local_parts`:
     the job's storage copies of the parts, in the input's order (no shared filesystem), proven by
     their content alone: a copy's path and mtime are not the original's; `part_names`: their names
-    as this job's listing of the bucket found them, which must be the planned ones."""
-    if local_parts is None:
-        plan.check_input_unchanged()
-    else:
-        refuse_other_parts(plan.input_path, part_names or [], plan.parts)
-        if len(local_parts) != len(plan.parts):
-            raise ProofError(f"gather got {len(local_parts)} input parts but the plan has {len(plan.parts)}")
-        log.info("proving the input by its content: %d part(s) downloaded from storage", len(local_parts))
+    as this job's listing of the bucket found them, which must be the planned ones. `records`: without
+    a shared filesystem, each shard's record, by which gather proves the parts the shard jobs wrote
+    into the bucket (`shard_paths`: their names) without downloading them."""
+    prove_input(plan, inp, local_parts, part_names)
     if len(shard_paths) != plan.shards:
         raise ProofError(f"gather got {len(shard_paths)} shard files but the plan has {plan.shards} shards")
+    if records is not None:
+        return [prove_recorded(plan, i, record, name, digest) for i, (record, name) in enumerate(zip(records, shard_paths))]
     folders = list(files_folders or [None] * plan.shards)
     if len(folders) != plan.shards:
         raise ProofError(f"gather got {len(folders)} files folders but the plan has {plan.shards} shards")
-    for part, path in zip(plan.parts, local_parts or [part.path for part in plan.parts]):
-        check_part(plan, part, inp, path)
     shards = [prove_shard(plan, i, path, digest, folder) for i, (path, folder) in enumerate(zip(shard_paths, folders))]
-    refuse_stray_files(shard_paths)
+    refuse_stray_files(shards)
     if files_folders:
         refuse_stray_folders(files_folders)
     with_rows = [s for s in shards if s.rows]  # an empty shard never loaded the task: custom columns unknown
@@ -195,6 +78,20 @@ def prove(plan: Plan, shard_paths: list[str], inp: InputSettings, digest: str,
     if total != plan.rows:
         raise ProofError(f"shards hold {total} rows in all, the input {plan.rows}")
     return shards
+
+
+def prove_input(plan: Plan, inp: InputSettings, local_parts: list[str] | None = None,
+                part_names: list[str] | None = None) -> None:
+    """The input is the one planned: each part unchanged, by its content (see `prove`)."""
+    if local_parts is None:
+        plan.check_input_unchanged()
+    else:
+        refuse_other_parts(plan.input_path, part_names or [], plan.parts)
+        if len(local_parts) != len(plan.parts):
+            raise ProofError(f"gather got {len(local_parts)} input parts but the plan has {len(plan.parts)}")
+        log.info("proving the input by its content: %d part(s) downloaded from storage", len(local_parts))
+    for part, path in zip(plan.parts, local_parts or [part.path for part in plan.parts]):
+        check_part(plan, part, inp, path)
 
 
 def check_part(plan: Plan, part: Part, inp: InputSettings, path: str | None = None) -> None:
@@ -214,37 +111,3 @@ def check_part(plan: Plan, part: Part, inp: InputSettings, path: str | None = No
         raise ProofError(f"input `{part.path}` now has {rows} rows, the plan {part.rows}; rerun the plan")
     if part.staged:
         part.staged.check_content(part.path)
-
-
-def verified_row_groups(shard: ShardFile) -> Iterator[pa.Table]:
-    """The shard's row groups, each page checked against its checksum, and the values hashed as they
-    pass: after the last one, refuse the shard if they are not what its job wrote. A shard with
-    files has each one checked against its row (name, size, SHA-256), and no other file in its folder."""
-    where = f"shard {shard.shard} (`{shard.path}`)"
-    content, seen = ContentHasher(), set()
-    try:
-        file = open_verified(shard.path)
-        groups = range(file.num_row_groups)
-        for table in (file.read_row_group(group) for group in groups):
-            content.update(table)
-            if shard.files:
-                with naming_the_shard(where):
-                    seen |= prove_files(table, shard.files["folder"], shard.files["columns"])
-            yield table
-    except (pa.ArrowException, OSError, ValueError) as error:
-        raise ProofError(f"{where}: {read_fault(error)}") from error
-    if content.digest() != shard.content:
-        raise ProofError(f"{where}: its values are not those its job wrote (digest {content.digest()}, "
-                         f"recorded {shard.content}); delete it and rerun")
-    if shard.files:
-        with naming_the_shard(where):
-            refuse_unlisted(shard.files["folder"], seen)
-
-
-@contextmanager
-def naming_the_shard(where: str) -> Iterator[None]:
-    """A failed file proof, prefixed with the shard it belongs to."""
-    try:
-        yield
-    except ProofError as error:
-        raise ProofError(f"{where}: {error}") from None

@@ -15,7 +15,6 @@ its metadata, the plan and settings it was made under, so gather can prove it be
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -24,10 +23,8 @@ from collections.abc import Iterator
 import pyarrow as pa
 import torch
 
-from shardinfer.atomic import atomic_parquet_writer
-from shardinfer.contract.content_digest import ContentHasher
 from shardinfer.contract.row_files import staging_folder
-from shardinfer.contract.shard_file import STATS_KEY, computed
+from shardinfer.contract.shard_file import computed
 from shardinfer.errors import UserError
 from shardinfer.hf.tokens import check_token_file, token_identity
 from shardinfer.hf.transformers_import import hide_sklearn_from_transformers
@@ -35,6 +32,7 @@ from shardinfer.input.parts import windows
 from shardinfer.plan import Plan, read_plan
 from shardinfer.shard.device_loop import RowErrors, predict_window, prepare_batches
 from shardinfer.shard.file_layout import shard_identity, shard_layout
+from shardinfer.shard.pieces import shard_pieces
 from shardinfer.shard.pipeline import Pipeline
 from shardinfer.shard.progress import Progress
 from shardinfer.shard.resume import assemble, keep_committed, left_for_rerun, remove_windows, windows_folder
@@ -78,24 +76,27 @@ def write_shard(job: ShardJob, plan: Plan, runtime: Runtime, began: float) -> di
     started, folder = time.perf_counter(), windows_folder(job.output)
     errors = RowErrors(job.shard, settings.row_errors.cap(end - start)) if settings.row_errors.record else None
     # Commit order: the table is closed, then the files folder takes its name, then the table.
+    identity = shard_identity(job, plan, task.columns)
     with staged_files(job.files, suffixes) as files:
-        kept = keep_committed(folder, shard_identity(job, plan, task.columns), start, files)
+        kept = keep_committed(folder, identity, start, files)
         resumed = Tally.from_json(kept.tally) if kept.tally else Tally()
         if kept.paths:
             log.info("resumed at row %d (%d rows kept)", kept.next_row, kept.rows)
         if errors is not None and resumed.row_errors:
             errors.resume(resumed.row_errors)
-        with (atomic_parquet_writer(job.output, schema, files and files.commit) as writer,
+        with (shard_pieces(job.output, schema, start, job.part_bytes, files and files.commit, job.record,
+                           identity) as pieces,
               torch.inference_mode(), Pipeline() as pipeline):
-            write = Writer(writer, schema, task, files, folder, Tally.from_json(resumed.to_json()), resumed,
-                           Progress(end - kept.next_row), assemble(kept.paths, writer), errors is not None)
+            assemble(kept.paths, pieces)
+            write = Writer(pieces, schema, task, files, folder, Tally.from_json(resumed.to_json()), resumed,
+                           Progress(end - kept.next_row), errors is not None)
             stream_windows(pipeline, job, plan, runtime, kept.next_row, write, errors)
             tally = write.tally
             work = tally.work_stats(resumed, task.finish(), task.totals)
             stats = tally.stats(time.perf_counter() - started, runtime.where, runtime.dtype, **work,
                                 bound_by=pipeline.bottleneck().name, stages=pipeline.busy_seconds(),
                                 started=round(began, 3), ended=round(time.time(), 3))
-            writer.add_key_value_metadata({STATS_KEY: json.dumps(stats), **write.content.metadata()})
+            pieces.finish(stats)
     remove_windows(folder)
     return stats
 
@@ -136,11 +137,14 @@ def write_empty_shard(job: ShardJob, plan: Plan, began: float) -> dict:
     """A shard with no rows (more shards than rows): its file (and files folder) without loading the
     model or taking a device. Its columns are those the task's settings give (`Task.output_fields`;
     none yet for custom code, which gather allows for an empty shard)."""
-    schema, _ = shard_layout(job, plan, engine_class(job.settings).output_fields(job.settings))
+    outputs = engine_class(job.settings).output_fields(job.settings)
+    schema, _ = shard_layout(job, plan, outputs)
     stats = Tally().stats(0.0, "none (empty shard)", None, started=round(began, 3), ended=round(time.time(), 3))
+    start = plan.ranges[job.shard][0]
     with (staged_files(job.files, {}) as files,
-          atomic_parquet_writer(job.output, schema, files and files.commit) as writer):
-        writer.add_key_value_metadata({STATS_KEY: json.dumps(stats), **ContentHasher().metadata()})
+          shard_pieces(job.output, schema, start, None, files and files.commit, job.record,
+                       shard_identity(job, plan, outputs)) as pieces):
+        pieces.finish(stats)
     log.info("shard %d has no rows (more shards than rows): wrote an empty shard without loading the model", job.shard)
     return stats
 

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardinfer.atomic import atomic_path
-from shardinfer.contract.content_digest import ContentHasher, table_digest
+from shardinfer.contract.content_digest import table_digest
 from shardinfer.contract.row_files import prove_files
 from shardinfer.contract.shard_file import IDENTITY_KEY, INDEX_COLUMN
 from shardinfer.errors import ProofError
@@ -136,15 +136,12 @@ def _remove_unnamed_files(files: ShardFiles, kept: list[Path]) -> None:
             shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
 
 
-def assemble(paths: list[Path] | tuple[Path, ...], writer: pq.ParquetWriter) -> ContentHasher:
-    """Copy the committed windows, in order, into the shard file's writer; the content digest of
-    what was written, for its metadata."""
-    content = ContentHasher()
+def assemble(paths: list[Path] | tuple[Path, ...], writer) -> None:
+    """Copy the committed windows, in order, into the shard's writer (`shard.pieces.ShardPieces`,
+    which hashes the values for its footer)."""
     for path in paths:
         table = pq.read_table(path, page_checksum_verification=True).replace_schema_metadata(None)
         writer.write_table(table.cast(writer.schema))
-        content.update(table)
-    return content
 
 
 def remove_windows(folder: Path) -> None:

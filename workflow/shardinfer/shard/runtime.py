@@ -34,6 +34,8 @@ class ShardJob:
     tokenizer_key: str | None = None
     files: str | None = None  # the shard's folder of per-row files (results/files/<shard>), when the task may write any
     cut: str | None = None  # the shard's cut, read instead of the input without a shared filesystem (input.shard_cuts)
+    part_bytes: int | None = None  # output.layout parts: a new piece once one holds this many bytes (None: one file)
+    record: str | None = None  # where the shard's record goes (None: beside the shard file, contract.pieces)
 
 
 @dataclass

@@ -1,18 +1,18 @@
 """The write stage of a shard job: each window's results as a table of the shard file's columns
 (its per-row files written first, a failed row's outputs null), committed as a window of its own
-(`shardinfer.shard.resume`), written to the shard file and hashed as written, so that gather can
-check the values (`shardinfer.contract.content_digest`).
+(`shardinfer.shard.resume`), and written to the shard's pieces, which hash the values as they pass, so
+that gather can check them (`shardinfer.shard.pieces`, `shardinfer.contract.content_digest`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
-from shardinfer.contract.content_digest import ContentHasher
+from shardinfer.shard.pieces import ShardPieces
 from shardinfer.shard.progress import Progress
 from shardinfer.shard.resume import commit_window
 from shardinfer.shard.row_files import ShardFiles
@@ -22,10 +22,9 @@ from shardinfer.tasks.base import Task
 
 @dataclass
 class Writer:
-    """The write stage, a callable the pipeline's sink runs on each window in order (`content`:
-    the digest of the values written)."""
+    """The write stage, a callable the pipeline's sink runs on each window in order."""
 
-    writer: object  # pyarrow.parquet.ParquetWriter
+    writer: ShardPieces
     schema: pa.Schema
     task: Task
     files: ShardFiles | None
@@ -33,7 +32,6 @@ class Writer:
     tally: Tally
     kept: Tally  # what the kept windows brought (a resumed shard)
     progress: Progress
-    content: ContentHasher = field(default_factory=ContentHasher)
     record: bool = False  # row_errors: record (an `error` column last)
 
     def __call__(self, item: Written) -> None:
@@ -44,7 +42,6 @@ class Writer:
             self.files.sync()
         commit_window(self.windows, table, self.tally.to_json())
         self.writer.write_table(table)
-        self.content.update(table)
         self.progress.advance(table.num_rows)
 
     def table(self, item: Written) -> pa.Table:

@@ -1,0 +1,56 @@
+"""The manifest of a folder of parts (`output.layout: parts`): the proof that travels with it.
+
+`.manifest.json` lies in the folder beside the parts: dot-named, so that every reader of a folder
+of Parquet files passes it over (pyarrow and pandas skip `.` and `_` names; Hugging Face `datasets`
+reads an `_`-named file as data and fails, and skips a `.`-named one; DuckDB reads the glob it is
+given). It says what the folder must hold and where it came from:
+
+- per part, in index order: its name, rows, index range [start, end), the digest of its values (as
+  its shard job recorded it: `shardinfer.contract.content_digest`), the SHA-256 and size of its bytes;
+- the plan id, the settings digest, the input (its path and each file's size, rows and SHA-256),
+  the columns, the rows and bytes in all.
+
+Parts are named so that name order is index order, the Hugging Face layout:
+`part-00000-of-00012.parquet`. `shardinfer.proof.verify` checks a folder against its manifest alone.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+
+MANIFEST_NAME = ".manifest.json"
+MANIFEST_FORMAT = "shardinfer.parts/1"
+PART_PREFIX = "part"
+
+
+def part_names(count: int) -> list[str]:
+    """`part-00000-of-00012.parquet`, ...: at least five digits, more for 100,000 parts or more."""
+    width = max(5, len(str(count - 1)))
+    return [f"{PART_PREFIX}-{k:0{width}d}-of-{count:0{width}d}.parquet" for k in range(count)]
+
+
+def columns_of(schema: pa.Schema) -> list[list[str]]:
+    return [[field.name, str(field.type)] for field in schema]
+
+
+def manifest(parts: list[dict], plan, digest: str, schema: pa.Schema | None) -> dict:
+    """The manifest's content (module docstring); `parts`: each part's name, rows, start, end,
+    content, sha256 and bytes, in index order; `plan`: a `shardinfer.plan.Plan`."""
+    return {
+        "format": MANIFEST_FORMAT,
+        "rows": plan.rows,
+        "bytes": sum(part["bytes"] for part in parts),
+        "plan_id": plan.plan_id,
+        "digest": digest,
+        "input": {"path": plan.input_path,
+                  "files": [{"path": part.path, "rows": part.rows, "size": part.size, "sha256": part.digest}
+                            for part in plan.parts]},
+        "columns": columns_of(schema) if schema is not None else None,
+        "parts": parts,
+    }
+
+
+def dumps(content: dict) -> str:
+    return json.dumps(content, indent=1) + "\n"
