@@ -30,5 +30,10 @@ if __name__ == "__main__":
         tokenizer_key=snakemake.params.tokenizer_key,
         files=snakemake.output.get("files"),
         cut=snakemake.input.get("cut"),
+        # output.layout parts: pieces of about output.part_size, but one part per shard in a bucket.
+        part_bytes=settings.output.part_bytes
+        if settings.output.parts and not snakemake.params.get("one_part")
+        else None,
+        record=snakemake.output.get("record"),
     )
     run_job(snakemake.log[0], run_shard, job, outdated=snakemake.params.outdated)

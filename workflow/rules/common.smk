@@ -69,9 +69,10 @@ from shardinfer.checks import (
 from shardinfer.configure import input_paths, own_outputs_notes
 from shardinfer.errors import UserError
 from shardinfer.incomplete import settle
-from shardinfer.input.bucket import bucket_listing
+from shardinfer.input.bucket import bucket_listing, object_names
 from shardinfer.input.shard_bound import shard_count_note
-from shardinfer.layout import FOLDERS, Layout
+from shardinfer.proof.verify import damage
+from shardinfer.layout import FOLDERS, Layout, fill
 from shardinfer.rule_params import jobs_by_input, tokenizer_key
 from shardinfer.stored_model import HANDED_VAR
 from shardinfer.tasks import engine_devices, task_class
@@ -211,6 +212,24 @@ def listed_in_bucket(config):
 INPUTS, AUTO, MODEL_FILES, ENGINE_DEVICES = load_inputs(config)
 # Every path of the run, and each rule's inputs and outputs that depend on it (shardinfer.layout).
 LAYOUT = Layout.of(INPUTS, STORAGE, STORAGE_PREFIX, tokenizer_key(INPUTS, MODEL_FILES))
+
+
+def withdraw_damaged_folders():
+    """On a shared filesystem, the parts layout's folders (whose files Snakemake does not know: the
+    manifest is gather's output) checked against their manifests by names and sizes, by the main
+    process before the run: a folder with a part deleted, renamed or cut loses its manifest, so that
+    gather runs again and links what is missing; no shard reruns."""
+    if STORAGE or not LAYOUT.parts or not workflow.is_main_process:
+        return
+    folders = LAYOUT.every_input([LAYOUT.table])
+    for folder, manifest in zip(folders, LAYOUT.every_input([LAYOUT.gathered["manifest"]])):
+        fault = damage(folder)
+        if fault:
+            os.remove(manifest)
+            logger.warning(f"shardinfer: {fault}; its manifest is withdrawn: gather runs again")
+
+
+withdraw_damaged_folders()
 # The threads of rule infer's and rule tokenize's jobs.
 INFER_THREADS = AUTO.threads if AUTO else max(GPU_JOB_THREADS, ENGINE_DEVICES)
 # The model, batch and task settings: the same for every input.
@@ -286,7 +305,7 @@ def print_run_summary():
     input's gather) is not shown.
     """
     lines = []
-    tables = LAYOUT.every_input([LAYOUT.gathered["predictions"]])
+    tables = LAYOUT.every_input([LAYOUT.table])
     summaries = LAYOUT.every_input([LAYOUT.gathered["summary"]])
     for name, table, written in zip(INPUTS, tables, summaries):
         local = written_in_this_run(written)

@@ -3,10 +3,11 @@ rule gather:
         # Their digests are checked: the staged copies, or without a shared filesystem the input's parts.
         **LAYOUT.gather_reads,
         plan=rules.plan.output.plan,
-        # Input functions, not lists: beside a `rules.plan` input, Snakemake hashes a named list
-        # once per item (shards x shards: 12 s of the dry run at 10,000 shards).
-        shards=LAYOUT.shard_files,
-        files=LAYOUT.files_folders,
+        # The shard files and files folders (without a shared filesystem in the parts layout, the shards'
+        # records instead of the parts: shardinfer.layout). Input functions, not lists: beside a
+        # `rules.plan` input, Snakemake hashes a named list once per item (shards x shards: 12 s of
+        # the dry run at 10,000 shards).
+        **LAYOUT.gather_shards,
     output:
         **LAYOUT.gathered,
     log:
@@ -25,5 +26,7 @@ rule gather:
         # Without a shared filesystem, the parts' names as this job's listing of the bucket found
         # them (input `parts` are their local copies), which must be the planned ones.
         part_names=LAYOUT.gather_part_names,
+        # Without a shared filesystem in the parts layout, the parts' names in the bucket.
+        **LAYOUT.gather_params,
     script:
         "../../scripts/gather.py"

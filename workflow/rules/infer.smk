@@ -11,8 +11,9 @@ rule infer:
         # plan reruns the shards), and listing every part in every shard job costs parts x shards.
         plan=rules.plan.output.plan,
     output:
-        **outputs(LAYOUT.files_output),
-        shard=LAYOUT.shard_file,
+        # The shard file and files folder (without a shared filesystem in the parts layout: the part
+        # in the bucket and the job's record of it; shardinfer.layout).
+        **outputs(LAYOUT.shard_outputs),
     log:
         LAYOUT.path("logs/infer/{shard}.log"),
     benchmark:
@@ -29,5 +30,6 @@ rule infer:
         digest=LAYOUT.input_value("digest"),
         tokenizer_key=LAYOUT.tokenizer_key,
         outdated=LAYOUT.outdated,
+        **LAYOUT.infer_params,
     script:
         "../../scripts/infer.py"

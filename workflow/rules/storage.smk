@@ -56,21 +56,35 @@ def remove_outdated_from_storage():
     """Without a shared filesystem, the plan and shard jobs cannot remove the table they outdate
     (`Layout.outdated`: they see no bucket). So this process does, before any job runs, for each
     input whose plan, tokenize or shard jobs this run is about to rerun: a run that fails after it
-    never leaves the previous table in the bucket as if it were current.
+    never leaves the previous table in the bucket as if it were current. In the parts layout the
+    shard jobs write the parts themselves: a replanned input's parts are all removed (its shard jobs
+    all rerun; parts of a plan with another shard count would stay beside the new ones).
     """
     if not STORAGE:
         return
+    needed = workflow.dag.needrun_jobs()
     rerun = {
         job.wildcards.get("name")
-        for job in workflow.dag.needrun_jobs()
+        for job in needed
         if job.rule.name in ("plan", "tokenize", "infer")
     }
+    replanned = {job.wildcards.get("name") for job in needed if job.rule.name == "plan"}
     provider = workflow.storage_registry.default_storage_provider
     for name in sorted(rerun, key=str):
-        for path in LAYOUT.outdated({"name": name}):
+        paths = LAYOUT.outdated({"name": name})
+        if LAYOUT.stored_parts and name in replanned:
+            paths += stored_parts_of(provider, name)
+        for path in paths:
             stored = provider.object(LAYOUT.stored_at(path))
             if workflow.async_run(stored.managed_exists()):
                 logger.info(
                     f"shardinfer: removed {LAYOUT.stored_at(path)}, outdated by this run"
                 )
                 workflow.async_run(stored.managed_remove())
+
+
+def stored_parts_of(provider, name):
+    """The objects in the bucket under the parts folder of the input `name`, as result paths."""
+    folder = fill(LAYOUT.table, name=name).rstrip("/")
+    top = provider.object(STORAGE_PREFIX)
+    return [path for path in object_names(top, folder)]

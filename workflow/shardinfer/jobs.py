@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -69,6 +70,10 @@ def withdraw(paths: Sequence[str]) -> None:
     """Remove the final outputs that the job being run makes outdated (the plan or a shard remade:
     gather runs again after it), saying so in the job's log."""
     for path in map(Path, paths):
-        if path.exists():
+        if path.is_dir() and not path.is_symlink():  # the parts layout's folder
+            shutil.rmtree(path)
+        elif path.exists():
             path.unlink()
-            logging.getLogger("shardinfer").info("removed %s of the previous run: this run remakes it", path)
+        else:
+            continue
+        logging.getLogger("shardinfer").info("removed %s of the previous run: this run remakes it", path)

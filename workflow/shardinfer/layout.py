@@ -11,6 +11,12 @@ Without a shared filesystem (a default storage provider: `storage`), every resul
 the storage prefix and each job sees only its declared files: the shards read their own rows, cut
 by the plan (`shardinfer.input.shard_cuts`), instead of the input's parts and the plan's staged
 copies, and gather proves the input's downloaded parts by their content.
+
+The table (`output.layout`): one file written by gather, or a folder of parts whose manifest is
+gather's output. On a shared filesystem gather links the shards' files into the folder; without
+one each shard job writes its part straight into it (`results/predictions/part-00003-of-00008.parquet`,
+so every `{shard}` of such a run is zero padded: name order is index order) with its record, which
+gather proves it by without downloading it.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardinfer.config import Settings
+from shardinfer.proof.manifest import MANIFEST_NAME, part_name, part_width
 from shardinfer.rule_params import InputJobs
 from shardinfer.tasks import may_write_files, task_class
 
@@ -76,6 +83,8 @@ class Layout:
     files_per_row: bool = False  # the task may write a file per row (custom): a folder per shard
     tokenizer_key: str | None = None
     reports: tuple[str, ...] = ()
+    parts: bool = False  # output.layout: parts (a folder of parts and its manifest)
+    scored: bool = False  # evaluate: scores the table in gather
 
     @classmethod
     def of(cls, inputs: Mapping[str | None, InputJobs], storage: bool, storage_prefix: str,
@@ -87,7 +96,7 @@ class Layout:
         wanted = {"metrics": scored, "confusion": scored and task.scored_as == "labels",
                   "token_lengths": task.counts_tokens}
         return cls(inputs, storage, storage_prefix, may_write_files(settings.model.task), tokenizer_key,
-                   tuple(item.name for item in OPTIONAL_REPORTS if wanted[item.name]))
+                   tuple(item.name for item in OPTIONAL_REPORTS if wanted[item.name]), settings.output.parts, scored)
 
     @property
     def named(self) -> bool:
@@ -102,8 +111,35 @@ class Layout:
         return f"{top}/{{name}}/{rest}"
 
     @property
+    def stored_parts(self) -> bool:
+        """Without a shared filesystem, in the parts layout: each shard job writes its part into the folder."""
+        return self.storage and self.parts
+
+    @property
     def shard_file(self) -> str:
+        if self.stored_parts:  # one shard count for every input in a bucket (checks.check_storage_inputs)
+            return f"{self.table}{part_name('{shard}', self.first_count)}"
         return self.path("results/shards/{shard}.parquet")
+
+    @property
+    def first_count(self) -> int:
+        return next(iter(self.inputs.values())).shards
+
+    @property
+    def label_width(self) -> int:
+        """The digits of a `{shard}` value: as the part names have them where parts are shard files."""
+        return part_width(self.first_count) if self.stored_parts else 0
+
+    def label(self, shard: int) -> str:
+        """A shard's `{shard}` value: its number (zero padded where the shard files are parts)."""
+        return f"{shard:0{self.label_width}d}"
+
+    @property
+    def record_file(self) -> str:
+        """A shard job's record of what it wrote (`shardinfer.contract.pieces`): beside its shard file on
+        a shared filesystem (not an output: a finished shard of an earlier version lacks it); without
+        one an output of its own, which gather downloads instead of the part."""
+        return self.path("results/shards/.{shard}.record.json")
 
     @property
     def staged_dir(self) -> str:
@@ -125,9 +161,15 @@ class Layout:
         return self.path(f"results/tokens/{self.tokenizer_key}/{{shard}}.parquet")
 
     @property
+    def table(self) -> str:
+        """The proven table as a user reads it: the file, or the folder of parts (ending in `/`)."""
+        return self.path("results/predictions/") if self.parts else self.path("results/predictions.parquet")
+
+    @property
     def gathered(self) -> dict[str, str]:
-        """The gather job's outputs: the final table and its summary."""
-        return {"predictions": self.path("results/predictions.parquet"), "summary": self.path("results/summary.json")}
+        """The gather job's outputs: the final table (of the parts layout, its manifest) and its summary."""
+        table = {"manifest": f"{self.table}{MANIFEST_NAME}"} if self.parts else {"predictions": self.table}
+        return {**table, "summary": self.path("results/summary.json")}
 
     @property
     def shard_dir(self) -> str:
@@ -149,8 +191,7 @@ class Layout:
         filesystem each shard's cut (one shard count for every input: checks.check_storage_inputs)."""
         if not self.storage:
             return {"staged": self.staged_dir}
-        shards = next(iter(self.inputs.values())).shards
-        return {"cuts": [fill(self.cut_file, shard=shard) for shard in range(shards)]}
+        return {"cuts": [fill(self.cut_file, shard=self.label(shard)) for shard in range(self.first_count)]}
 
     @property
     def gather_reads(self) -> dict[str, Any]:
@@ -163,6 +204,33 @@ class Layout:
         """Without a shared filesystem the parts' names as the bucket's listing found them (gather's
         `parts` are their local copies), which must be the planned ones; none otherwise."""
         return self.input_value("files") if self.storage else []
+
+    @property
+    def shard_outputs(self) -> dict[str, str]:
+        """The infer job's outputs: its shard file (a part in the bucket, with its record as an
+        output too, without a shared filesystem in the parts layout) and its files folder."""
+        record = {"record": self.record_file} if self.stored_parts else {}
+        return {**self.files_output, "shard": self.shard_file, **record}
+
+    @property
+    def infer_params(self) -> dict[str, bool]:
+        """What an infer job is told beyond its settings: that its shard is one part in the bucket,
+        never cut into pieces (they could not be uploaded: only declared outputs are)."""
+        return {"one_part": True} if self.stored_parts else {}
+
+    @property
+    def gather_shards(self) -> dict[str, Any]:
+        """What gather reads of the shards: their files (and files folders); without a shared
+        filesystem in the parts layout their records instead, and the parts only to score them."""
+        if not self.stored_parts:
+            return {"shards": self.shard_files, "files": self.files_folders}
+        return {"records": self.record_files, **({"copies": self.shard_files} if self.scored else {})}
+
+    @property
+    def gather_params(self) -> dict[str, Any]:
+        """Without a shared filesystem in the parts layout, the parts' names in the bucket (as gather
+        names them in the manifest); none otherwise."""
+        return {"stored_parts": self.shard_files} if self.stored_parts else {}
 
     @property
     def files_output(self) -> dict[str, str]:
@@ -191,22 +259,31 @@ class Layout:
         """The planned shards of the job's input."""
         return self.inputs[wildcards.get("name")].shards
 
+    def every_shard(self, pattern: str, wildcards: Mapping) -> list[str]:
+        """`pattern` for every planned shard of the job's input, in shard order."""
+        name = wildcards.get("name")
+        return [fill(pattern, shard=self.label(shard), name=name) for shard in range(self.shard_count(wildcards))]
+
     def shard_files(self, wildcards: Mapping) -> list[str]:
         """Every planned shard file of the gather job's input, in shard order."""
-        name = wildcards.get("name")
-        return [fill(self.shard_file, shard=shard, name=name) for shard in range(self.shard_count(wildcards))]
+        return self.every_shard(self.shard_file, wildcards)
+
+    def record_files(self, wildcards: Mapping) -> list[str]:
+        """Every planned shard's record, in shard order."""
+        return self.every_shard(self.record_file, wildcards)
 
     def files_folders(self, wildcards: Mapping) -> list[str]:
         """Every planned shard's files folder, when the task may write files; nothing otherwise."""
-        if not self.files_per_row:
-            return []
-        name = wildcards.get("name")
-        return [fill(self.files_dir, shard=shard, name=name) for shard in range(self.shard_count(wildcards))]
+        return self.every_shard(self.files_dir, wildcards) if self.files_per_row else []
 
     def outdated(self, wildcards: Mapping) -> list[str]:
         """The gather outputs of the job's input, which a plan or shard job removes before its work: a
-        run that fails after it never leaves the previous run's table as if it were current."""
-        return [fill(path, name=wildcards.get("name")) for path in self.gathered.values()]
+        run that fails after it never leaves the previous run's table as if it were current. Of the
+        parts layout, on a shared filesystem the whole folder; without one its manifest (the parts
+        are the shard jobs' own: `stale_parts`)."""
+        name = wildcards.get("name")
+        table = [self.table] if self.parts and not self.storage else []
+        return [fill(path, name=name) for path in [*table, *self.gathered.values()]]
 
     def every_input(self, patterns: list[str]) -> list[str]:
         """The paths of `patterns` for every input, in the config's order."""

@@ -57,12 +57,15 @@ def check_gold(schema: pa.Schema | None, task: str, column: str) -> None:
     gold_kind(column, schema.field(column).type, task_class(task).scored_as)
 
 
-def score_predictions(path: str, model: dict, column: str) -> dict:
-    """summary.json's `metrics`: the table at `path` scored against `column` as its task says."""
+def score_predictions(path: str | list[str], model: dict, column: str) -> dict:
+    """summary.json's `metrics`: the table at `path` (or the parts at each path, in order) scored
+    against `column` as its task says."""
     task = task_class(model["task"])
-    kind = gold_kind(column, pq.read_schema(path).field(column).type, task.scored_as)
+    paths = [path] if isinstance(path, str) else path
+    kind = gold_kind(column, pq.read_schema(paths[0]).field(column).type, task.scored_as)
     compared = task.compared[kind]
-    table = pq.read_table(path, columns=list(dict.fromkeys([column, compared])))
+    columns = list(dict.fromkeys([column, compared]))
+    table = pa.concat_tables([pq.read_table(part, columns=columns) for part in paths])
     metrics = SCORERS[task.scored_as](table, column, kind, compared, model)
     return {"task": model["task"], "label_column": column, "rows": table.num_rows, **metrics}
 

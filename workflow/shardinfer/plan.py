@@ -300,14 +300,16 @@ def _v6_options(recorded: dict) -> dict:
 
 
 def remove_stale_shards(shard_dir: str, shards: int, files_dir: str | None = None) -> list[str]:
-    """Delete shard files numbered beyond the new plan, a stopped job's committed windows
+    """Delete shard files numbered beyond the new plan (with their pieces, `.N.0.parquet` and
+    `N.k.parquet`, and records, `.N.record.json`: shardinfer.contract.pieces), a stopped job's committed windows
     (`.N.parquet.windows`), and their files folders (`files_dir/N`, and a stopped job's
     `files_dir/.N.partial`): they belong to an earlier plan.
 
     Files of shards the new plan has are remade by Snakemake (the plan is newer than they are);
     their committed windows are another plan's, which resuming removes.
     """
-    stale = [p for p in _numbered(shard_dir, r"(\d+)\.parquet|\.(\d+)\.parquet\.windows") if p[0] >= shards]
+    pattern = r"(\d+)\.parquet|(\d+)\.\d+\.parquet|\.(\d+)\.0\.parquet|\.(\d+)\.parquet\.windows|\.(\d+)\.record\.json"
+    stale = [p for p in _numbered(shard_dir, pattern) if p[0] >= shards]
     for _, path in stale:
         _remove(path)
         log.info("removed %s, a shard of an earlier plan", path)

@@ -24,7 +24,8 @@ def summary_lines(summary: dict, predictions: str, summary_path: str, shard_logs
     run = summary.get("run") or {}
     rows, shards = summary["rows"], summary["shards"]
     lines = [f"shardinfer: {rows:,} rows written to {predictions}, proven complete and in input order "
-             f"({shards} shard{'s' if shards != 1 else ''}, {f'index 0..{rows - 1}' if rows else 'no rows'})"]
+             f"({shards} shard{'s' if shards != 1 else ''}, {f'index 0..{rows - 1}' if rows else 'no rows'})"
+             f"{written(summary.get('output'))}"]
     if run.get("rows_per_s") is not None and rows:  # no rows: no speed to tell (the warning says why)
         padding = f"padding ratio {run['padding_ratio']}; " if counts_tokens(run.get("task")) else ""
         lines.append(f"shardinfer: {speed_in_this_run(summary, since)}; {padding}{', '.join(run['devices'])}, "
@@ -38,6 +39,24 @@ def summary_lines(summary: dict, predictions: str, summary_path: str, shard_logs
     if report:
         lines.append("shardinfer: figures and tables: snakemake --report report.zip")
     return lines
+
+
+def written(output: dict | None) -> str:
+    """What the table takes: one file's size, or the parts and their manifest (summary.json's `output`)."""
+    if not output:
+        return ""
+    if output["layout"] == "file":
+        return f"; {size_text(output['bytes'])}"
+    return f": {output['parts']:,} part{'s' if output['parts'] != 1 else ''}, {size_text(output['bytes'])}, " \
+           f"proven by its {output['manifest']}"
+
+
+def size_text(size: int) -> str:
+    """Bytes as a person says them: 812 B, 12.4 MB, 1.6 GB."""
+    for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if size >= scale:
+            return f"{size / scale:,.1f} {unit}"
+    return f"{size:,} B"
 
 
 def speed_in_this_run(summary: dict, since: float | None) -> str:

@@ -12,6 +12,10 @@ Once every piece has its final name, the job writes the shard's record beside th
 value digest, SHA-256 of its bytes and its stat identity (size, mtime, ctime, inode, device). A file
 changed after that (edited, even with its size and mtime put back; replaced; copied) no longer has
 that stat identity: gather then reads its bytes again, and where they differ, its values.
+
+The shard file itself is a symbolic link to the first piece's bytes, `.3.0.parquet`: Snakemake
+touches a rule's outputs once its job has ended (a new mtime and ctime, which would no longer be the
+stat identity the job recorded), and touches a link, never its target. Every reader follows the link.
 """
 
 from __future__ import annotations
@@ -32,6 +36,12 @@ def piece_path(shard_file: str | Path, piece: int) -> Path:
     """Piece 0 is the shard file itself (the rule's output); piece k lies beside it as `3.k.parquet`."""
     shard_file = Path(shard_file)
     return shard_file if piece == 0 else shard_file.with_name(f"{shard_file.stem}.{piece}{shard_file.suffix}")
+
+
+def first_piece_data(shard_file: str | Path) -> Path:
+    """Where the first piece's bytes lie: `.3.0.parquet`, which the shard file links to."""
+    shard_file = Path(shard_file)
+    return shard_file.with_name(f".{shard_file.stem}.0{shard_file.suffix}")
 
 
 def later_pieces(shard_file: str | Path) -> list[Path]:

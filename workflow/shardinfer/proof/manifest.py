@@ -25,10 +25,21 @@ MANIFEST_FORMAT = "shardinfer.parts/1"
 PART_PREFIX = "part"
 
 
+def part_width(count: int) -> int:
+    """The digits of a part's number: at least five, more for 100,000 parts or more."""
+    return max(5, len(str(count - 1)))
+
+
+def part_name(number: int | str, count: int) -> str:
+    """`part-00003-of-00012.parquet`; `number` may be a pattern's wildcard (`{shard}`)."""
+    width = part_width(count)
+    number = f"{number:0{width}d}" if isinstance(number, int) else number
+    return f"{PART_PREFIX}-{number}-of-{count:0{width}d}.parquet"
+
+
 def part_names(count: int) -> list[str]:
-    """`part-00000-of-00012.parquet`, ...: at least five digits, more for 100,000 parts or more."""
-    width = max(5, len(str(count - 1)))
-    return [f"{PART_PREFIX}-{k:0{width}d}-of-{count:0{width}d}.parquet" for k in range(count)]
+    """Every part's name, in index order."""
+    return [part_name(k, count) for k in range(count)]
 
 
 def columns_of(schema: pa.Schema) -> list[list[str]]:

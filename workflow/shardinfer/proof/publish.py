@@ -55,10 +55,11 @@ def part_entries(pieces: list[tuple[ShardFile, Piece]], names: list[str], sizes:
 
 
 def place(source: str, target: Path, linking: bool) -> bool:
-    """`target` as a hard link of `source`, or a copy where a link is impossible; whether it is a link."""
+    """`target` as a hard link of `source` (of the file a shard file links to), or a copy where a link
+    is impossible; whether it is a link."""
     if linking:
         try:
-            os.link(source, target)
+            os.link(os.path.realpath(source), target)
             return True
         except OSError as error:
             if error.errno not in CANNOT_LINK:

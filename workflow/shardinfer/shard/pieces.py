@@ -3,8 +3,8 @@ piece reaches the part size (`output.layout: parts`), then the shard's record of
 (`shardinfer.contract.pieces`).
 
 Every piece is written beside its final name (`.3.1.parquet.partial`) and takes it only when the
-whole shard is written, the first piece (the rule's output) last, so that a job that stops leaves
-no piece that looks finished. Each piece's values are hashed as they are written; its footer gets
+whole shard is written, the first piece last: its bytes (`.3.0.parquet`), then the shard file (the
+rule's output), a link to them, so that a job that stops leaves no piece that looks finished. Each piece's values are hashed as they are written; its footer gets
 their digest and its place, the last one's also the job's stats. After the renames, each piece's
 bytes are read back once for their SHA-256 and its stat identity taken, for the record.
 """
@@ -24,7 +24,8 @@ import pyarrow.parquet as pq
 from shardinfer.atomic import fsync_folder, naming_full_disk, partial_path
 from shardinfer.contract.content_digest import ContentHasher
 from shardinfer.contract.file_digest import file_digest
-from shardinfer.contract.pieces import PIECE_KEY, later_pieces, piece_path, record_path, stat_identity, write_record
+from shardinfer.contract.pieces import (PIECE_KEY, first_piece_data, later_pieces, piece_path, record_path,
+                                        stat_identity, write_record)
 from shardinfer.contract.shard_file import STATS_KEY
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ class ShardPieces:
 def remove_pieces(output: str | Path) -> None:
     """A shard's pieces after the first and its record, from an earlier run of its job: the rule's
     output itself Snakemake removes before the job runs."""
-    for path in [*later_pieces(output), record_path(output)]:
+    for path in [*later_pieces(output), record_path(output), first_piece_data(output)]:
         path.unlink(missing_ok=True)
 
 
@@ -114,13 +115,19 @@ def commit(pieces: ShardPieces, before_commit: Callable[[], None] | None) -> Non
             os.fsync(handle.fileno())
     if before_commit is not None:
         before_commit()
-    for k in reversed(range(len(pieces.closed))):
+    for k in reversed(range(1, len(pieces.closed))):
         os.replace(pieces.partials[k], piece_path(pieces.output, k))
+    data = first_piece_data(pieces.output)
+    os.replace(pieces.partials[0], data)
+    link = partial_path(pieces.output)
+    link.unlink(missing_ok=True)
+    os.symlink(data.name, link)
+    os.replace(link, pieces.output)
     fsync_folder(pieces.output.parent)
 
 
 def recorded(output: Path, closed: list[dict]) -> list[dict]:
     """Each piece as the record holds it: its facts, the SHA-256 of its bytes and its stat identity,
-    taken after its rename (a rename changes the ctime)."""
+    taken after its rename (a rename changes the ctime), the first piece's through the link."""
     return [{**piece, "sha256": file_digest(str(piece_path(output, k))), "stat": stat_identity(piece_path(output, k))}
             for k, piece in enumerate(closed)]
