@@ -1,7 +1,8 @@
 """The runs of tests/test_storage.py against the bucket, made in a background thread: the first one
 (which must succeed, and equal a shared-filesystem run), the second (a forced replan to one shard, with the
 input object changed while the shards run, which gather must refuse), and a third over a named
-input whose parts the bucket's listing finds (a folder of Parquet parts). What
+input whose parts the bucket's listing finds (a folder of Parquet parts), written as a folder of parts
+(output.layout: parts). What
 the tests read of each is kept as it was right after it (its terminal, its objects, its job
 folders), since the second run removes the first's table.
 
@@ -47,7 +48,12 @@ VAL_PARTS = {"data/val/part-0.parquet": (0, 400), "data/val/part-1.parquet": (40
              "data/val/sub/part-2.parquet": (700, ROWS)}
 PASSED_OVER = {"data/val/_SUCCESS": (0, 0), "data/val/README.md": (0, 0), "data/val/_temporary/part-9.parquet": (0, 5),
                "data/val.jsonl": (0, 5)}
-PARTS_KEPT = tuple(f"results/val/{path}" for path in ("predictions.parquet", "summary.json", "plan.json"))
+# It writes the parts layout (output.layout: parts), two shards: each shard job writes its part into the
+# bucket's folder, and gather proves them by the shard jobs' records without downloading them.
+PARTS_SHARDS = 2
+PARTS_FOLDER = "results/val/predictions/"
+PARTS_KEPT = (*(f"results/val/{path}" for path in ("summary.json", "plan.json")), f"{PARTS_FOLDER}.manifest.json",
+              *(f"{PARTS_FOLDER}part-{k:05d}-of-{PARTS_SHARDS:05d}.parquet" for k in range(PARTS_SHARDS)))
 
 
 class BucketRun:
@@ -129,8 +135,8 @@ class BucketRuns(threading.Thread):
 
     @staticmethod
     def parts_config() -> dict:
-        """One shard: the point is which parts the listing finds, not how they are cut."""
-        config = factory.workflow_config(INPUT, MODEL, shards=1)
+        """Two shards, each one part of the output's folder."""
+        config = factory.workflow_config(INPUT, MODEL, shards=PARTS_SHARDS, output={"layout": "parts"})
         del config["input"]
         config["inputs"] = {"val": {"path": "data/val/", "keep_columns": ["id", "gold"]}}
         return config

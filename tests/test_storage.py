@@ -22,6 +22,7 @@ import json
 import re
 import sys
 
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -29,7 +30,8 @@ import yaml
 import factory
 import patience
 import plugins
-from bucket_runs import INPUT, MODEL, ROWS, SHARDS, VAL_PARTS
+from bucket_runs import INPUT, MODEL, PARTS_FOLDER, PARTS_KEPT, PARTS_SHARDS, ROWS, SHARDS, VAL_PARTS
+from shardinfer.errors import ProofError
 from test_workflow import assert_same_rows
 
 pytestmark = pytest.mark.s3  # the S3 server and the runs in its bucket, which test_slurm reads too
@@ -135,10 +137,11 @@ def test_a_folder_in_the_bucket_is_its_listed_parts_and_a_named_input_equals_a_s
         bucket_runs, s3, classify_runs):
     """A named input whose parts the bucket's listing finds, as a filesystem's would: a folder of
     Parquet parts, with markers, a README, a `_temporary` part and a file beside the folder passed
-    over. Its table equals the shared-filesystem run's, row for row."""
+    over. Its table, a folder of parts in the bucket, equals the shared-filesystem run's, row for row."""
     listed, key = bucket_runs.listed_parts(), bucket_runs.parts.key
     assert listed.returncode == 0, listed.terminal[-6000:]
-    val = bucket_runs.read_parquet(listed, "results/val/predictions.parquet")
+    parts = [name for name in PARTS_KEPT if name.endswith(".parquet")]
+    val = pd.concat([bucket_runs.read_parquet(listed, name) for name in parts], ignore_index=True)
     assert_same_rows(val, classify_runs(ROWS, 1).predictions, float_columns={"probs"})
     plan = json.loads(listed.objects["results/val/plan.json"])
     assert [part["path"] for part in plan["input"]["parts"]] == list(VAL_PARTS)  # the objects, in row order
@@ -148,9 +151,40 @@ def test_a_folder_in_the_bucket_is_its_listed_parts_and_a_named_input_equals_a_s
     downloaded = re.findall(r"s3://\S+", re.search(r"input: (.*)", gather).group(1))
     assert sorted(url for url in downloaded if "/data/" in url) == sorted(s3.url(key(part)) for part in VAL_PARTS)
     shard_jobs = listed.terminal.split("rule infer:")[1:]
-    assert len(shard_jobs) == 1
+    assert len(shard_jobs) == PARTS_SHARDS
     reads = re.findall(r"s3://\S+", re.search(r"input: (.*)", shard_jobs[0]).group(1))
     assert [url for url in reads if "/results/val/cuts/" in url] and not [url for url in reads if "/data/" in url]
+
+
+@pytest.mark.e2e
+def test_without_a_shared_filesystem_the_shard_jobs_write_the_parts_and_gather_proves_them_by_their_records(
+        bucket_runs, s3):
+    """The parts reach the bucket from the shard jobs, never through gather's machine: gather downloads
+    the records alone and writes the manifest; the verifier proves the folder in the bucket, and names
+    a part missing there."""
+    listed, key = bucket_runs.listed_parts(), bucket_runs.parts.key
+    gather = listed.terminal.split("rule gather:")[1]
+    downloaded = re.findall(r"s3://\S+", re.search(r"input: (.*)", gather).group(1))
+    assert not [url for url in downloaded if "/predictions/" in url]
+    assert sorted(url for url in downloaded if "/results/val/shards/" in url) == [
+        s3.url(key(f"results/val/shards/.{k:05d}.record.json")) for k in range(PARTS_SHARDS)]
+    outputs = re.search(r"output: (.*)", gather).group(1)
+    assert s3.url(key(f"{PARTS_FOLDER}.manifest.json")) in outputs and ".parquet" not in outputs
+    manifest = json.loads(listed.objects[f"{PARTS_FOLDER}.manifest.json"])
+    assert [part["name"] for part in manifest["parts"]] == [name.rsplit("/", 1)[1] for name in PARTS_KEPT
+                                                           if name.endswith(".parquet")]
+    plugins.importable()
+    from shardinfer.proof.verify import verify_folder
+
+    with pytest.MonkeyPatch.context() as patch:
+        for variable, value in s3.env().items():
+            patch.setenv(variable, value)
+        assert verify_folder(s3.url(key(PARTS_FOLDER)), endpoint_url=s3.endpoint)["rows"] == ROWS
+        copy = "storage-parts-copy/predictions/"  # a copy of the folder elsewhere in the bucket, then a part gone
+        for name in [".manifest.json", *(part["name"] for part in manifest["parts"][1:])]:
+            s3.put(f"{copy}{name}", s3.get(key(f"{PARTS_FOLDER}{name}")))
+        with pytest.raises(ProofError, match=r"part `part-00000-of-00002.parquet` is missing \(rows \[0, \d+\)"):
+            verify_folder(s3.url(copy), endpoint_url=s3.endpoint)
 
 
 @pytest.mark.e2e

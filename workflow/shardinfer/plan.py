@@ -300,7 +300,7 @@ def _v6_options(recorded: dict) -> dict:
 
 
 def remove_stale_shards(shard_dir: str, shards: int, files_dir: str | None = None) -> list[str]:
-    """Delete shard files numbered beyond the new plan (with their pieces, `.N.0.parquet` and
+    """Delete shard files numbered beyond the new plan (with their pieces, `.N.parquet.data` and
     `N.k.parquet`, and records, `.N.record.json`: shardinfer.contract.pieces), a stopped job's committed windows
     (`.N.parquet.windows`), and their files folders (`files_dir/N`, and a stopped job's
     `files_dir/.N.partial`): they belong to an earlier plan.
@@ -308,7 +308,7 @@ def remove_stale_shards(shard_dir: str, shards: int, files_dir: str | None = Non
     Files of shards the new plan has are remade by Snakemake (the plan is newer than they are);
     their committed windows are another plan's, which resuming removes.
     """
-    pattern = r"(\d+)\.parquet|(\d+)\.\d+\.parquet|\.(\d+)\.0\.parquet|\.(\d+)\.parquet\.windows|\.(\d+)\.record\.json"
+    pattern = r"(\d+)\.parquet|(\d+)\.\d+\.parquet|\.(\d+)\.parquet\.(?:data|windows)|\.(\d+)\.record\.json"
     stale = [p for p in _numbered(shard_dir, pattern) if p[0] >= shards]
     for _, path in stale:
         _remove(path)

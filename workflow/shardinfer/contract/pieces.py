@@ -13,7 +13,7 @@ value digest, SHA-256 of its bytes and its stat identity (size, mtime, ctime, in
 changed after that (edited, even with its size and mtime put back; replaced; copied) no longer has
 that stat identity: gather then reads its bytes again, and where they differ, its values.
 
-The shard file itself is a symbolic link to the first piece's bytes, `.3.0.parquet`: Snakemake
+The shard file itself is a symbolic link to the first piece's bytes, `.3.parquet.data`: Snakemake
 touches a rule's outputs once its job has ended (a new mtime and ctime, which would no longer be the
 stat identity the job recorded), and touches a link, never its target. Every reader follows the link.
 """
@@ -39,9 +39,10 @@ def piece_path(shard_file: str | Path, piece: int) -> Path:
 
 
 def first_piece_data(shard_file: str | Path) -> Path:
-    """Where the first piece's bytes lie: `.3.0.parquet`, which the shard file links to."""
+    """Where the first piece's bytes lie: `.3.parquet.data`, which the shard file links to (named as
+    the job's other files beside it, and by no pattern of Parquet files: `*.parquet` is the shards)."""
     shard_file = Path(shard_file)
-    return shard_file.with_name(f".{shard_file.stem}.0{shard_file.suffix}")
+    return shard_file.with_name(f".{shard_file.name}.data")
 
 
 def later_pieces(shard_file: str | Path) -> list[Path]:

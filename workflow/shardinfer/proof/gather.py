@@ -30,7 +30,8 @@ from shardinfer.proof.prove import prove
 from shardinfer.proof.publish import parts_in_place, publish_parts
 from shardinfer.proof.shards import ShardFile
 from shardinfer.proof.summary import summarize
-from shardinfer.proof.values import prove_row_files, prove_values, values_checked, verified_row_groups, with_bytes_unknown
+from shardinfer.proof.values import (prove_row_files, prove_values, values_checked, verified_row_groups,
+                                     with_bytes_unknown)
 from shardinfer.tasks import TASKS, task_class
 
 log = logging.getLogger(__name__)
@@ -108,14 +109,23 @@ def run_gather(plan_path: str, shard_paths: list[str], inp: InputSettings, model
     `prove` (with `records`, `shard_paths` are the parts' names in the bucket, and `copies` their
     downloaded copies when `evaluate:` scores them)."""
     output = output or OutputSettings()
-    plan = read_plan(plan_path)
-    refuse_no_columns(plan, model.get("task"))
     try:
-        shards = prove(plan, shard_paths, inp, digest, files_folders, local_parts, part_names, records)
+        return prove_and_write(plan_path, shard_paths, inp, model, digest, predictions, summary, files_folders,
+                               evaluate, local_parts, part_names, output, records, copies)
     except UserError:
         if output.parts and records is None:  # no folder of an earlier run is left as if it were current
             shutil.rmtree(predictions, ignore_errors=True)
         raise
+
+
+def prove_and_write(plan_path: str, shard_paths: list[str], inp: InputSettings, model: dict, digest: str,
+                    predictions: str, summary: str, files_folders: list[str] | None, evaluate: EvaluateSettings | None,
+                    local_parts: list[str] | None, part_names: list[str] | None, output: OutputSettings,
+                    records: list[str] | None, copies: list[str] | None) -> dict:
+    """`run_gather`'s work, which it undoes on a refusal."""
+    plan = read_plan(plan_path)
+    refuse_no_columns(plan, model.get("task"))
+    shards = prove(plan, shard_paths, inp, digest, files_folders, local_parts, part_names, records)
     if not plan.rows:
         log.warning("WARNING input `%s` has no rows: the table has its columns and no row", plan.input_path)
     log.info("proof holds: %d shards, %d rows, index 0..%d in order, input unchanged", plan.shards, plan.rows,

@@ -61,7 +61,8 @@ def prove(plan: Plan, shard_paths: list[str], inp: InputSettings, digest: str,
     if len(shard_paths) != plan.shards:
         raise ProofError(f"gather got {len(shard_paths)} shard files but the plan has {plan.shards} shards")
     if records is not None:
-        return [prove_recorded(plan, i, record, name, digest) for i, (record, name) in enumerate(zip(records, shard_paths))]
+        return [prove_recorded(plan, i, record, name, digest)
+                for i, (record, name) in enumerate(zip(records, shard_paths))]
     folders = list(files_folders or [None] * plan.shards)
     if len(folders) != plan.shards:
         raise ProofError(f"gather got {len(folders)} files folders but the plan has {plan.shards} shards")

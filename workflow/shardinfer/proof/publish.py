@@ -82,7 +82,7 @@ def publish_parts(shards: list[ShardFile], plan: Plan, digest: str, folder: str)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     linking = True
-    for (shard, piece), name in zip(pieces, names):
+    for (_, piece), name in zip(pieces, names):
         linking = place(piece.path, staging / name, linking)
     sizes = [(staging / name).stat().st_size for name in names]
     content = manifest(part_entries(pieces, names, sizes), plan, digest, schema_of(shards))

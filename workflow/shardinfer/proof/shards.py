@@ -207,7 +207,8 @@ def with_record(pieces: list[Piece], record: dict | None, identity: dict) -> tup
     if any((r.get("first"), r.get("rows"), r.get("content")) != (p.first, p.rows, p.content)
            for r, p in zip(recorded, pieces)):
         return pieces, False
-    pieces = [Piece(p.path, p.first, p.rows, p.content, r.get("sha256"), r.get("stat")) for p, r in zip(pieces, recorded)]
+    pieces = [Piece(p.path, p.first, p.rows, p.content, r.get("sha256"), r.get("stat"))
+              for p, r in zip(pieces, recorded)]
     return pieces, all(stat_identity(p.path) == p.stat for p in pieces)
 
 

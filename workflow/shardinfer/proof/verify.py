@@ -165,7 +165,8 @@ def check_ranges(folder, manifest: dict) -> None:
                              f"{part['end']}), not {part['rows']} rows from row {row}")
         row = part["end"]
     if row != manifest["rows"]:
-        raise ProofError(f"`{folder.where}`: its manifest's parts hold {row} rows, the manifest says {manifest['rows']}")
+        raise ProofError(f"`{folder.where}`: its manifest's parts hold {row} rows, the manifest says "
+                         f"{manifest['rows']}")
 
 
 def check_part_files(folder, manifest: dict) -> None:

@@ -182,6 +182,8 @@ def compute_shard(job: ShardJob) -> dict:
     plan = read_plan(job.plan_path).for_shard(job.shard, job.cut)
     start, end = plan.ranges[job.shard]
     log.info("shard %d of %d: rows [%d, %d) of %s", job.shard, plan.shards, start, end, plan.input_path)
+    if job.part_bytes:
+        log.info("a new piece of the shard file once one holds %d bytes (output.part_size)", job.part_bytes)
     if start == end:
         return write_empty_shard(job, plan, began)
     if job.tokens is not None:  # refuse token ids of another plan or tokenizer before loading anything

@@ -3,10 +3,11 @@ piece reaches the part size (`output.layout: parts`), then the shard's record of
 (`shardinfer.contract.pieces`).
 
 Every piece is written beside its final name (`.3.1.parquet.partial`) and takes it only when the
-whole shard is written, the first piece last: its bytes (`.3.0.parquet`), then the shard file (the
-rule's output), a link to them, so that a job that stops leaves no piece that looks finished. Each piece's values are hashed as they are written; its footer gets
-their digest and its place, the last one's also the job's stats. After the renames, each piece's
-bytes are read back once for their SHA-256 and its stat identity taken, for the record.
+whole shard is written, the first piece last: its bytes (`.3.parquet.data`), then the shard file (the
+rule's output), a link to them, so that a job that stops leaves no piece that looks finished. Each
+piece's values are hashed as they are written; its footer gets their digest and its place, the last
+one's also the job's stats. After the renames, each piece's bytes are read back once for their
+SHA-256 and its stat identity taken, for the record.
 """
 
 from __future__ import annotations
