@@ -116,3 +116,36 @@ def test_the_folders_checked_are_those_the_rules_write_into_top_first(tmp_path, 
         "logs", "results", "logs/test", "logs/val", "results/test", "results/tokens", "results/val",
         "logs/test/infer", "logs/val/infer", "results/test/shards", "results/tokens/k1", "results/val/shards",
         "results/val/staged"]
+
+
+def test_the_parts_layout_is_a_folder_whose_manifest_gather_writes_and_a_rerun_withdraws_whole(tmp_path):
+    from shardinfer.jobs import withdraw
+
+    one, named = Layout(ONE, parts=True), Layout(NAMED, parts=True)
+    assert one.table == "results/predictions/" and named.table == "results/{name}/predictions/"
+    assert one.gathered == {"manifest": "results/predictions/.manifest.json", "summary": "results/summary.json"}
+    assert one.shard_file == "results/shards/{shard}.parquet" and one.infer_params == {} and one.gather_params == {}
+    assert named.outdated({"name": "val"}) == ["results/val/predictions/", "results/val/predictions/.manifest.json",
+                                              "results/val/summary.json"]
+    folder = tmp_path / "results" / "predictions"
+    folder.mkdir(parents=True)
+    (folder / "part-00000-of-00001.parquet").write_bytes(b"old")
+    withdraw([str(folder), str(folder / ".manifest.json")])  # a folder goes whole, a path already gone is passed
+    assert not folder.exists()
+
+
+def test_without_a_shared_filesystem_each_shard_job_writes_its_part_and_record_and_gather_takes_the_records():
+    layout = Layout(NAMED, storage=True, storage_prefix=PREFIX, parts=True)
+    # every input in a bucket has the first one's shard count (2): the parts' numbers have its digits
+    assert layout.shard_file == "results/{name}/predictions/part-{shard}-of-00002.parquet"
+    assert layout.shard_outputs == {"shard": layout.shard_file, "record": "results/{name}/shards/.{shard}.record.json"}
+    assert layout.infer_params == {"one_part": True}
+    wildcards = SimpleNamespace(name="val", get=lambda key, default=None: "val")
+    assert layout.gather_shards["records"](wildcards) == ["results/val/shards/.00000.record.json",
+                                                          "results/val/shards/.00001.record.json"]
+    assert layout.gather_params["stored_parts"](wildcards) == ["results/val/predictions/part-00000-of-00002.parquet",
+                                                               "results/val/predictions/part-00001-of-00002.parquet"]
+    assert layout.plan_outputs == {"cuts": ["results/{name}/cuts/00000.parquet", "results/{name}/cuts/00001.parquet"]}
+    assert "copies" not in layout.gather_shards and "copies" in Layout(ONE, storage=True, parts=True,
+                                                                       scored=True).gather_shards
+    assert layout.outdated({"name": "val"}) == ["results/val/predictions/.manifest.json", "results/val/summary.json"]

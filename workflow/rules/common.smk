@@ -222,11 +222,15 @@ def withdraw_damaged_folders():
     if STORAGE or not LAYOUT.parts or not workflow.is_main_process:
         return
     folders = LAYOUT.every_input([LAYOUT.table])
-    for folder, manifest in zip(folders, LAYOUT.every_input([LAYOUT.gathered["manifest"]])):
+    for folder, manifest in zip(
+        folders, LAYOUT.every_input([LAYOUT.gathered["manifest"]])
+    ):
         fault = damage(folder)
         if fault:
             os.remove(manifest)
-            logger.warning(f"shardinfer: {fault}; its manifest is withdrawn: gather runs again")
+            logger.warning(
+                f"shardinfer: {fault}; its manifest is withdrawn: gather runs again"
+            )
 
 
 withdraw_damaged_folders()

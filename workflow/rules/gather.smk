@@ -2,12 +2,12 @@ rule gather:
     input:
         # Their digests are checked: the staged copies, or without a shared filesystem the input's parts.
         **LAYOUT.gather_reads,
-        plan=rules.plan.output.plan,
         # The shard files and files folders (without a shared filesystem in the parts layout, the shards'
         # records instead of the parts: shardinfer.layout). Input functions, not lists: beside a
         # `rules.plan` input, Snakemake hashes a named list once per item (shards x shards: 12 s of
         # the dry run at 10,000 shards).
         **LAYOUT.gather_shards,
+        plan=rules.plan.output.plan,
     output:
         **LAYOUT.gathered,
     log:
@@ -17,6 +17,8 @@ rule gather:
     conda:
         "../../envs/inference.yaml"
     params:
+        # Without a shared filesystem in the parts layout, the parts' names in the bucket.
+        **LAYOUT.gather_params,
         settings=LAYOUT.input_value("job_settings"),
         digest=LAYOUT.input_value("digest"),
         # gather's alone, not the shards': changing `evaluate:` reruns gather and the report only.
@@ -26,7 +28,5 @@ rule gather:
         # Without a shared filesystem, the parts' names as this job's listing of the bucket found
         # them (input `parts` are their local copies), which must be the planned ones.
         part_names=LAYOUT.gather_part_names,
-        # Without a shared filesystem in the parts layout, the parts' names in the bucket.
-        **LAYOUT.gather_params,
     script:
         "../../scripts/gather.py"

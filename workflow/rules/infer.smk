@@ -26,10 +26,11 @@ rule infer:
         # leased together by the job; the Slurm plugin asks `sbatch --gpus=` for them.
         gpu=ENGINE_DEVICES,
     params:
+        # Without a shared filesystem in the parts layout: one part per shard (shardinfer.layout).
+        **LAYOUT.infer_params,
         settings=LAYOUT.input_value("job_settings"),
         digest=LAYOUT.input_value("digest"),
         tokenizer_key=LAYOUT.tokenizer_key,
         outdated=LAYOUT.outdated,
-        **LAYOUT.infer_params,
     script:
         "../../scripts/infer.py"

@@ -93,6 +93,19 @@ def shard_schema(outputs: dict[str, OutputType], keep: pa.Schema, identity: dict
     return pa.schema(fields, metadata={IDENTITY_KEY: json.dumps(identity).encode()})
 
 
+def dictionary_columns(schema: pa.Schema) -> list[str]:
+    """The columns worth dictionary-encoding when a shard (or the table made of shards) is written:
+    all but floats and lists of floats, whose values rarely repeat. Parquet writers try a dictionary
+    for every column and fall back when it grows too large; for wide float rows that try is a large
+    share of the writing time (scripts/scale_benchmark.py)."""
+    def floats(kind: pa.DataType) -> bool:
+        while pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+            kind = kind.value_type
+        return pa.types.is_floating(kind)
+
+    return [field.name for field in schema if not floats(field.type)]
+
+
 def file_columns(outputs: dict[str, OutputType]) -> dict[str, str]:
     """The output columns that are files, with their extensions."""
     return {name: file_suffix(spec) for name, spec in outputs.items() if file_suffix(spec) is not None}

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from shardinfer.atomic import atomic_parquet_writer, write_json_atomic
 from shardinfer.config import EvaluateSettings, InputSettings, OutputSettings
-from shardinfer.contract.shard_file import IDENTITY_KEY
+from shardinfer.contract.shard_file import IDENTITY_KEY, dictionary_columns
 from shardinfer.contract.file_digest import file_digest
 from shardinfer.errors import ProofError, UserError
 from shardinfer.metrics import check_gold, headline, score_predictions
@@ -30,7 +30,7 @@ from shardinfer.proof.prove import prove
 from shardinfer.proof.publish import parts_in_place, publish_parts
 from shardinfer.proof.shards import ShardFile
 from shardinfer.proof.summary import summarize
-from shardinfer.proof.values import (prove_row_files, prove_values, values_checked, verified_row_groups,
+from shardinfer.proof.values import (prove_row_files, prove_values, read_ahead, values_checked, verified_row_groups,
                                      with_bytes_unknown)
 from shardinfer.tasks import TASKS, task_class
 
@@ -43,10 +43,10 @@ def write_predictions(shards: list[ShardFile], plan: Plan, digest: str, path: st
     metadata = {IDENTITY_KEY: json.dumps({"plan_id": plan.plan_id, "digest": digest, "rows": plan.rows}).encode()}
     # An input without rows: the empty shards' columns, the task's declared ones (`refuse_no_columns`).
     schema = next((s for s in shards if s.rows), shards[0]).schema.with_metadata(metadata)
-    with atomic_parquet_writer(path, schema) as writer:
-        for shard in shards:
-            for table in verified_row_groups(shard, check_values=not shard.unchanged):
-                writer.write_table(table.replace_schema_metadata(metadata))
+    with atomic_parquet_writer(path, schema, use_dictionary=dictionary_columns(schema)) as writer:
+        for table in read_ahead(table for shard in shards
+                                for table in verified_row_groups(shard, check_values=not shard.unchanged)):
+            writer.write_table(table.replace_schema_metadata(metadata))
     return {"layout": "file", "path": path, "parts": 1, "bytes": Path(path).stat().st_size}
 
 

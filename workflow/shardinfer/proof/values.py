@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import queue
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Iterator
@@ -55,6 +57,47 @@ def verified_row_groups(shard: ShardFile, check_values: bool = True, columns: li
     if shard.files:
         with naming_the_shard(where):
             refuse_unlisted(shard.files["folder"], seen)
+
+
+def read_ahead(tables: Iterator[pa.Table], depth: int = 2) -> Iterator[pa.Table]:
+    """`tables`, read in a thread of their own up to `depth` ahead, so that reading (and hashing) the
+    next row groups overlaps writing the last ones (Arrow's readers and writers release the GIL).
+    An error of the reader is raised here, where the tables are taken."""
+    ahead: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def offer(item: tuple) -> bool:
+        """Put `item` for the taker; False once it stopped taking (its own error ends the write)."""
+        while not stop.is_set():
+            try:
+                ahead.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def read() -> None:
+        try:
+            for table in tables:
+                if not offer((table, None)):
+                    return
+            offer((None, None))
+        except BaseException as error:  # handed to the taker, who raises it
+            offer((None, error))
+
+    reader = threading.Thread(target=read, name="gather read-ahead", daemon=True)
+    reader.start()
+    try:
+        while True:
+            table, error = ahead.get()
+            if error is not None:
+                raise error
+            if table is None:
+                return
+            yield table
+    finally:
+        stop.set()
+        reader.join()
 
 
 def same_bytes(piece: Piece) -> bool:

@@ -27,7 +27,7 @@ from shardinfer.contract.content_digest import ContentHasher
 from shardinfer.contract.file_digest import file_digest
 from shardinfer.contract.pieces import (PIECE_KEY, first_piece_data, later_pieces, piece_path, record_path,
                                         stat_identity, write_record)
-from shardinfer.contract.shard_file import STATS_KEY
+from shardinfer.contract.shard_file import STATS_KEY, dictionary_columns
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,8 @@ class ShardPieces:
     def _open(self) -> None:
         self.partials.append(partial_path(piece_path(self.output, len(self.closed))))
         self.first, self.content = self.next_row, ContentHasher()
-        self.writer = pq.ParquetWriter(self.partials[-1], self.schema, write_page_checksum=True)
+        self.writer = pq.ParquetWriter(self.partials[-1], self.schema, write_page_checksum=True,
+                                       use_dictionary=dictionary_columns(self.schema))
 
     def write_table(self, table: pa.Table) -> None:
         """One window's rows; a new piece first when the open one is full (never an empty piece)."""
