@@ -1,5 +1,7 @@
 """Snakemake adapter of the gather rule: see shardinfer.proof.gather.run_gather."""
 
+from pathlib import Path
+
 from shardinfer.jobs import quiet_interrupt, run_job
 
 # First: Ctrl-C during the imports below (pyarrow, torch: seconds) is one line, not a traceback.

@@ -12,8 +12,17 @@ import importlib.util
 from pathlib import Path
 
 from shardinfer.auto_shards import AUTO
-from shardinfer.config import (SIZE_UNITS, BatchSettings, EvaluateSettings, InputSettings, ModelSettings,
-                               OutputSettings, RowErrorSettings, Settings, parse_size)
+from shardinfer.config import (
+    SIZE_UNITS,
+    BatchSettings,
+    EvaluateSettings,
+    InputSettings,
+    ModelSettings,
+    OutputSettings,
+    RowErrorSettings,
+    Settings,
+    parse_size,
+)
 from shardinfer.errors import UserError
 from shardinfer.input.discovery import OWN_FOLDERS, own_outputs_passed_over, resolve_input
 from shardinfer.input.formats import format_named, options_in

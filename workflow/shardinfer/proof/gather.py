@@ -20,8 +20,8 @@ from pathlib import Path
 
 from shardinfer.atomic import atomic_parquet_writer, write_json_atomic
 from shardinfer.config import EvaluateSettings, InputSettings, OutputSettings
-from shardinfer.contract.shard_file import IDENTITY_KEY, dictionary_columns
 from shardinfer.contract.file_digest import file_digest
+from shardinfer.contract.shard_file import IDENTITY_KEY, dictionary_columns
 from shardinfer.errors import ProofError, UserError
 from shardinfer.metrics import check_gold, headline, score_predictions
 from shardinfer.plan import Plan, read_plan
@@ -30,8 +30,14 @@ from shardinfer.proof.prove import prove
 from shardinfer.proof.publish import parts_in_place, publish_parts
 from shardinfer.proof.shards import ShardFile
 from shardinfer.proof.summary import summarize
-from shardinfer.proof.values import (prove_row_files, prove_values, read_ahead, values_checked, verified_row_groups,
-                                     with_bytes_unknown)
+from shardinfer.proof.values import (
+    prove_row_files,
+    prove_values,
+    read_ahead,
+    values_checked,
+    verified_row_groups,
+    with_bytes_unknown,
+)
 from shardinfer.tasks import TASKS, task_class
 
 log = logging.getLogger(__name__)

@@ -141,7 +141,8 @@ def check_identity(plan: Plan, shard: int, identity: dict, where: str, digest: s
     """A shard's files (or record) say they are this plan's shard, its range and settings digest."""
     start, end = plan.ranges[shard]
     if identity.get("plan_id") != plan.plan_id:
-        raise ProofError(f"{where}: made under another plan ({identity.get('plan_id')}, current {plan.plan_id}); rerun it")
+        raise ProofError(f"{where}: made under another plan ({identity.get('plan_id')}, current {plan.plan_id}); "
+                         "rerun it")
     if (identity.get("shard"), identity.get("start"), identity.get("end")) != (shard, start, end):
         raise ProofError(f"{where}: holds shard {identity.get('shard')} [{identity.get('start')}, "
                          f"{identity.get('end')}), planned [{start}, {end})")

@@ -14,9 +14,9 @@ import dataclasses
 import logging
 import queue
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Iterator
 
 import pyarrow as pa
 

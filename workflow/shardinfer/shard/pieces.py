@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -25,8 +25,15 @@ import pyarrow.parquet as pq
 from shardinfer.atomic import fsync_folder, naming_full_disk, partial_path
 from shardinfer.contract.content_digest import ContentHasher
 from shardinfer.contract.file_digest import file_digest
-from shardinfer.contract.pieces import (PIECE_KEY, first_piece_data, later_pieces, piece_path, record_path,
-                                        stat_identity, write_record)
+from shardinfer.contract.pieces import (
+    PIECE_KEY,
+    first_piece_data,
+    later_pieces,
+    piece_path,
+    record_path,
+    stat_identity,
+    write_record,
+)
 from shardinfer.contract.shard_file import STATS_KEY, dictionary_columns
 
 log = logging.getLogger(__name__)
