@@ -9,13 +9,15 @@ measured is the pipeline (plan, scheduling, writing, gather), not inference.
 narrow) or that and `--width` random float32 values (an embedding's size). Each size runs once per
 layout (`output.layout: file`, then `parts`) as a user runs it: `snakemake --cores 2 --set-threads
 infer=1` in a folder of its own, the shard count given. It prints, per run: plan, shard (the longest
-shard job) and gather seconds from the rules' benchmark files, the whole run's seconds, gather's peak
-memory (its benchmark's max_rss), the bytes on disk under results/ (hard links counted once) against
-the values' bytes (the shards' files), and the pipeline's overhead: the run less the span of its shard
-jobs (first start to last end, from their benchmark files; a job's start-up, the hook's work and
-writing are the shards' own), as a share of the run: planning, gathering, Snakemake's own start and
-scheduling. `--gather-repeats N` runs gather alone N more times (`--forcerun gather`) and keeps its
-fastest, for a machine whose other load comes and goes. Then how each grows from the smallest size to the largest.
+shard job) and gather seconds from the rules' benchmark files, the whole run's seconds, gather's
+peak memory (its benchmark's max_rss) and CPU seconds (its cpu_time: on a shared machine the wall
+seconds grow with the others' load, the CPU seconds much less), the bytes on disk under results/
+(hard links counted once) against the values' bytes (the shards' files), and the pipeline's
+overhead: the run less the span of its shard jobs (first start to last end, from their benchmark
+files; a job's start-up, the hook's work and writing are the shards' own), as a share of the run:
+planning, gathering, Snakemake's own start and scheduling. `--gather-repeats N` runs gather alone N
+more times (`--forcerun gather`) and keeps its fastest, for a machine whose other load comes and
+goes. Then how each grows from the smallest size to the largest.
 
 `--workflow` runs another clone's Snakefile (an older version: its one-file layout, for a baseline
 on the same machine); the layouts it lacks are skipped. Runs are left in `--work` (default a folder
@@ -94,7 +96,8 @@ def benchmark_file(path: Path) -> dict:
     with open(path) as handle:
         row = next(csv.DictReader(handle, delimiter="\t"))
     rss = float(row["max_rss"]) if row["max_rss"] not in ("", "NA") else None
-    return {"s": float(row["s"]), "max_rss": rss, "end": path.stat().st_mtime}
+    cpu = float(row["cpu_time"]) if row.get("cpu_time") not in (None, "", "NA") else None
+    return {"s": float(row["s"]), "max_rss": rss, "cpu_s": cpu, "end": path.stat().st_mtime}
 
 
 def unique_bytes(folder: Path) -> int:
@@ -148,7 +151,8 @@ def run(workflow: Path, folder: Path, values: dict, repeats: int = 0) -> dict:
     span = max(s["end"] for s in shards) - min(s["end"] - s["s"] for s in shards)
     plan = benchmark_file(folder / "logs" / "plan.benchmark.tsv")
     return {"plan_s": plan["s"], "shard_s": max(s["s"] for s in shards),
-            "gather_s": gather["s"], "whole_s": whole, "gather_mb": gather["max_rss"],
+            "gather_s": gather["s"], "gather_cpu_s": gather["cpu_s"], "whole_s": whole,
+            "gather_mb": gather["max_rss"],
             "values_bytes": values_bytes, "disk_bytes": unique_bytes(folder / "results"),
             "overhead": (whole - span) / whole, "gather_mb_s": values_bytes / 1e6 / gather["s"]}
 
@@ -160,8 +164,8 @@ def knows_layouts(workflow: Path) -> bool:
 
 def table_line(rows: int, width: int, layout: str, shards: int, figures: dict) -> str:
     return (f"| {rows:,} | {width or 'int'} | {layout} | {shards} | {figures['plan_s']:.1f} | "
-            f"{figures['shard_s']:.1f} | "
-            f"{figures['gather_s']:.2f} | {figures['whole_s']:.1f} | {figures['gather_mb']:.0f} | "
+            f"{figures['shard_s']:.1f} | {figures['gather_s']:.2f} | {figures['gather_cpu_s']:.2f} | "
+            f"{figures['whole_s']:.1f} | {figures['gather_mb']:.0f} | "
             f"{figures['values_bytes'] / 1e6:,.0f} | {figures['disk_bytes'] / figures['values_bytes']:.2f}x | "
             f"{figures['gather_mb_s']:,.0f} | {100 * figures['overhead']:.1f}% |")
 
@@ -194,9 +198,9 @@ def main() -> None:
     args = parser.parse_args()
     workflow = args.workflow.resolve() / "Snakefile"
     layouts = args.layouts if knows_layouts(workflow) else ["file"]
-    print("| rows | output | layout | shards | plan s | longest shard s | gather s | whole run s | gather peak MB "
-          "| values MB | disk / values | gather MB/s | overhead |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| rows | output | layout | shards | plan s | longest shard s | gather s | gather CPU s | whole run s "
+          "| gather peak MB | values MB | disk / values | gather MB/s | overhead |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     results: dict = {}
     for rows in args.rows:
         source = make_input(args.work / "inputs" / f"{rows}.parquet", rows)
