@@ -19,6 +19,7 @@ from shardinfer.atomic import HOST, atomic_parquet_writer, attempt_path, remove_
 from shardinfer.contract.row_files import staging_folder
 from shardinfer.errors import UserError
 from shardinfer.proof.prove import refuse_stray_files
+from shardinfer.proof.shards import ShardFile
 from shardinfer.shard.row_files import staged_files
 
 SCHEMA = pa.schema([("index", pa.int64())])
@@ -171,4 +172,5 @@ def test_leftovers_of_dead_attempts_are_removed_and_the_others_left_where_gather
         leftover.write_bytes(b"a killed attempt's leftover")
     assert remove_dead_attempts(path) == [dead]
     pq.write_table(pa.table({"index": [0]}), path)
-    refuse_stray_files([str(path)])  # gather passes over the leftovers it cannot tell are dead
+    shard = ShardFile(0, str(path), 1, pa.schema([("index", pa.int64())]), {}, "")
+    refuse_stray_files([shard])  # gather passes over the leftovers it cannot tell are dead

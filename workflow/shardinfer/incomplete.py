@@ -32,7 +32,8 @@ from pathlib import Path
 from shardinfer.errors import UserError
 from shardinfer.layout import Layout, fill
 from shardinfer.plan import read_plan
-from shardinfer.proof.prove import prove_shard, verified_row_groups
+from shardinfer.proof.shards import prove_shard
+from shardinfer.proof.values import verified_row_groups
 
 log = logging.getLogger(__name__)
 

@@ -2,12 +2,13 @@
 piece reaches the part size (`output.layout: parts`), then the shard's record of what it wrote
 (`shardinfer.contract.pieces`).
 
-Every piece is written beside its final name (`.3.1.parquet.partial`) and takes it only when the
-whole shard is written, the first piece last: its bytes (`.3.parquet.data`), then the shard file (the
-rule's output), a link to them, so that a job that stops leaves no piece that looks finished. Each
-piece's values are hashed as they are written; its footer gets their digest and its place, the last
-one's also the job's stats. After the renames, each piece's bytes are read back once for their
-SHA-256 and its stat identity taken, for the record.
+Every piece is written beside its final name, under its attempt's own
+(`.3.1.parquet.<host>-<pid>.partial`, shardinfer.atomic) and takes it only when the whole shard is
+written, the first piece last: its bytes (`.3.parquet.data`), then the shard file (the rule's
+output), a link to them, so that a job that stops leaves no piece that looks finished. Each piece's
+values are hashed as they are written; its footer gets their digest and its place, the last one's
+also the job's stats. After the renames, each piece's bytes are read back once for their SHA-256 and
+its stat identity taken, for the record.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shardinfer.atomic import fsync_folder, naming_full_disk, partial_path
+from shardinfer.atomic import attempt_path, fsync_folder, naming_full_disk, remove_dead_attempts
 from shardinfer.contract.content_digest import ContentHasher
 from shardinfer.contract.file_digest import file_digest
 from shardinfer.contract.pieces import (
@@ -52,7 +53,9 @@ class ShardPieces:
         self._open()
 
     def _open(self) -> None:
-        self.partials.append(partial_path(piece_path(self.output, len(self.closed))))
+        path = piece_path(self.output, len(self.closed))
+        remove_dead_attempts(path)  # an attempt's own name (shardinfer.atomic): two runs never share one
+        self.partials.append(attempt_path(path))
         self.first, self.content = self.next_row, ContentHasher()
         self.writer = pq.ParquetWriter(self.partials[-1], self.schema, write_page_checksum=True,
                                        use_dictionary=dictionary_columns(self.schema))
@@ -128,7 +131,7 @@ def commit(pieces: ShardPieces, before_commit: Callable[[], None] | None) -> Non
         os.replace(pieces.partials[k], piece_path(pieces.output, k))
     data = first_piece_data(pieces.output)
     os.replace(pieces.partials[0], data)
-    link = partial_path(pieces.output)
+    link = attempt_path(pieces.output)
     link.unlink(missing_ok=True)
     os.symlink(data.name, link)
     os.replace(link, pieces.output)
