@@ -216,7 +216,7 @@ class Settings:
         return {"input": self.input.to_dict(), "model": plain(self.model), "batch": plain(self.batch),
                 "shards": self.shards, "tokenize_ahead": self.tokenize_ahead,
                 "task_settings": self.task_settings.to_dict(), "evaluate": plain(self.evaluate),
-                "row_errors": plain(self.row_errors)}
+                "row_errors": plain(self.row_errors), "output": plain(self.output)}
 
     @classmethod
     def from_dict(cls, data: dict) -> Settings:
