@@ -36,4 +36,5 @@ run_job(
     output=settings.output,
     records=snakemake.input.get("records") and list(snakemake.input.records),
     copies=snakemake.input.get("copies") and list(snakemake.input.copies),
+    batch_output=snakemake.output.get("batch_output"),
 )

@@ -106,7 +106,7 @@ def input_settings(inp: dict, task: str, section: dict, names: list[str] | None)
         format=fmt,
         parts=parts,
         text_column=inp["text_column"],
-        keep_columns=tuple(inp["keep_columns"]),
+        keep_columns=tuple(dict.fromkeys([*format_named(fmt).always_kept, *inp["keep_columns"]])),
         null_text=inp["null_text"],
         columns=tuple(inp.get("columns") or ()),
         stage=inp["stage"],

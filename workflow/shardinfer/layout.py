@@ -27,6 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardinfer.config import Settings
+from shardinfer.errors import UserError
+from shardinfer.input.formats.openai_batch import NAME as BATCH_FORMAT
+from shardinfer.proof.batch_output import OUTPUT_NAME
 from shardinfer.proof.manifest import MANIFEST_NAME, part_name, part_width
 from shardinfer.rule_params import InputJobs
 from shardinfer.tasks import may_write_files, task_class
@@ -62,6 +65,21 @@ OPTIONAL_REPORTS = (
 )
 
 
+def batch_inputs(inputs: Mapping[str | None, InputJobs], parts: bool = False) -> bool:
+    """Whether the inputs are OpenAI batch files (then gather writes a batch output file for each):
+    all or none, since the gather rule has one set of outputs; and with the one-file layout, whose
+    gather reads every value (the parts layout's reads none, so it cannot write the lines)."""
+    batch = [name for name, jobs in inputs.items() if jobs.settings.input.format == BATCH_FORMAT]
+    if batch and parts:
+        raise UserError(f"output.layout parts with an {BATCH_FORMAT} input: its output lines are written by gather "
+                        "from every value, which the parts layout does not read; use output.layout: file")
+    if batch and len(batch) != len(inputs):
+        other = next(name for name in inputs if name not in batch)
+        raise UserError(f"inputs.{batch[0]} is an {BATCH_FORMAT} file and inputs.{other} is not: gather writes a batch "
+                        f"output file for every input or for none; run them with two configs")
+    return bool(batch)
+
+
 def fill(pattern: str, **values) -> str:
     """`pattern` with each `{key}` of `values` filled in; those not given (None) stay wildcards."""
     for key, value in values.items():
@@ -85,6 +103,7 @@ class Layout:
     reports: tuple[str, ...] = ()
     parts: bool = False  # output.layout: parts (a folder of parts and its manifest)
     scored: bool = False  # evaluate: scores the table in gather
+    batch_output: bool = False  # an OpenAI batch file's input: gather writes its output file too
 
     @classmethod
     def of(cls, inputs: Mapping[str | None, InputJobs], storage: bool, storage_prefix: str,
@@ -96,7 +115,8 @@ class Layout:
         wanted = {"metrics": scored, "confusion": scored and task.scored_as == "labels",
                   "token_lengths": task.counts_tokens}
         return cls(inputs, storage, storage_prefix, may_write_files(settings.model.task), tokenizer_key,
-                   tuple(item.name for item in OPTIONAL_REPORTS if wanted[item.name]), settings.output.parts, scored)
+                   tuple(item.name for item in OPTIONAL_REPORTS if wanted[item.name]), settings.output.parts, scored,
+                   batch_inputs(inputs, settings.output.parts))
 
     @property
     def named(self) -> bool:
@@ -167,9 +187,13 @@ class Layout:
 
     @property
     def gathered(self) -> dict[str, str]:
-        """The gather job's outputs: the final table (of the parts layout, its manifest) and its summary."""
+        """The gather job's outputs: the final table (of the parts layout, its manifest) and its summary,
+        and for an OpenAI batch file the batch output file (`shardinfer.proof.batch_output`)."""
         table = {"manifest": f"{self.table}{MANIFEST_NAME}"} if self.parts else {"predictions": self.table}
-        return {**table, "summary": self.path("results/summary.json")}
+        outputs = {**table, "summary": self.path("results/summary.json")}
+        if self.batch_output:
+            outputs[OUTPUT_NAME] = self.path(f"results/{OUTPUT_NAME}.jsonl")
+        return outputs
 
     @property
     def shard_dir(self) -> str:

@@ -13,6 +13,7 @@ from shardinfer.config import Settings, plain
 from shardinfer.errors import UserError
 from shardinfer.hf.tokenizer_files import is_tokenizer_side
 from shardinfer.tasks import engine_class
+from shardinfer.tasks.generate_params import lines_carry_parameters
 
 
 def directory_fingerprint(path: str | None, recursive: bool = False) -> list:
@@ -73,6 +74,8 @@ def output_digest(settings: Settings, model_files: tuple[list, list] | None = No
     }
     if settings.input.conversation_columns:  # absent otherwise: the digests of text prompts stay as they were
         relevant["input"]["conversation_columns"] = settings.input.conversation_columns
+    if lines_carry_parameters(settings):  # each row's parameters come from its line (the input's content)
+        relevant["input"]["format"] = settings.input.format
     extra = task.identity(settings)  # e.g. the vLLM engine's version
     if extra:  # absent otherwise, so that the other tasks' digests stay as they were
         relevant["task"] = extra

@@ -16,15 +16,17 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from contextlib import ExitStack
 from pathlib import Path
 
-from shardinfer.atomic import atomic_parquet_writer, write_json_atomic
+from shardinfer.atomic import atomic_parquet_writer, atomic_path, write_json_atomic
 from shardinfer.config import EvaluateSettings, InputSettings, OutputSettings
 from shardinfer.contract.file_digest import file_digest
 from shardinfer.contract.shard_file import IDENTITY_KEY, dictionary_columns
 from shardinfer.errors import ProofError, UserError
 from shardinfer.metrics import check_gold, headline, score_predictions
 from shardinfer.plan import Plan, read_plan
+from shardinfer.proof.batch_output import output_lines, request_key
 from shardinfer.proof.manifest import MANIFEST_NAME
 from shardinfer.proof.prove import prove
 from shardinfer.proof.publish import parts_in_place, publish_parts
@@ -43,16 +45,25 @@ from shardinfer.tasks import TASKS, task_class
 log = logging.getLogger(__name__)
 
 
-def write_predictions(shards: list[ShardFile], plan: Plan, digest: str, path: str) -> dict:
-    """Concatenate proven shards in index order, one row group at a time. A changed shard whose values or
-    pages fail their check raises inside the atomic write: nothing takes the final name."""
+def write_predictions(shards: list[ShardFile], plan: Plan, digest: str, path: str,
+                      batch_output: tuple[str, str] | None = None) -> dict:
+    """Concatenate proven shards in index order, one row group at a time, and with `batch_output`
+    ((its path, the model's path)) write the OpenAI batch output file from the same row groups. A
+    changed shard whose values or pages fail their check raises inside the atomic writes: neither
+    file takes its final name."""
     metadata = {IDENTITY_KEY: json.dumps({"plan_id": plan.plan_id, "digest": digest, "rows": plan.rows}).encode()}
     # An input without rows: the empty shards' columns, the task's declared ones (`refuse_no_columns`).
     schema = next((s for s in shards if s.rows), shards[0]).schema.with_metadata(metadata)
-    with atomic_parquet_writer(path, schema, use_dictionary=dictionary_columns(schema)) as writer:
+    with ExitStack() as files:
+        lines = None
+        if batch_output is not None:
+            lines = files.enter_context(open(files.enter_context(atomic_path(batch_output[0])), "w", encoding="utf-8"))
+        writer = files.enter_context(atomic_parquet_writer(path, schema, use_dictionary=dictionary_columns(schema)))
         for table in read_ahead(table for shard in shards
                                 for table in verified_row_groups(shard, check_values=not shard.unchanged)):
             writer.write_table(table.replace_schema_metadata(metadata))
+            if lines is not None:
+                lines.writelines(output_lines(table, request_key(plan, digest), batch_output[1]))
     return {"layout": "file", "path": path, "parts": 1, "bytes": Path(path).stat().st_size}
 
 
@@ -86,11 +97,11 @@ def refuse_no_columns(plan: Plan, task: str | None) -> None:
 
 
 def write_output(shards: list[ShardFile], plan: Plan, digest: str, predictions: str, output: OutputSettings,
-                 stored_parts: list[str] | None) -> dict:
+                 stored_parts: list[str] | None, batch_output: tuple[str, str] | None = None) -> dict:
     """The table as the layout says: one file, the folder of parts, or without a shared filesystem
     (`stored_parts`: the parts' names in the bucket) the manifest of the parts the shard jobs wrote."""
     if not output.parts:
-        return write_predictions(shards, plan, digest, predictions)
+        return write_predictions(shards, plan, digest, predictions, batch_output)
     if stored_parts is None:
         return publish(shards, plan, digest, predictions)
     manifest = str(Path(predictions) / MANIFEST_NAME)
@@ -107,17 +118,19 @@ def run_gather(plan_path: str, shard_paths: list[str], inp: InputSettings, model
                predictions: str, summary: str, files_folders: list[str] | None = None,
                evaluate: EvaluateSettings | None = None, local_parts: list[str] | None = None,
                part_names: list[str] | None = None, output: OutputSettings | None = None,
-               records: list[str] | None = None, copies: list[str] | None = None) -> dict:
+               records: list[str] | None = None, copies: list[str] | None = None,
+               batch_output: str | None = None) -> dict:
     """The gather rule: prove, then write the table (`output.layout`: a file at `predictions`, or the
     folder of parts `predictions`) and the summary (both atomically), the summary with the table's
     scores against `evaluate.label_column` when set. `files_folders`: each shard's files folder
     (results/files/<shard>) when the task may write files; `local_parts`, `part_names`, `records`: see
     `prove` (with `records`, `shard_paths` are the parts' names in the bucket, and `copies` their
-    downloaded copies when `evaluate:` scores them)."""
+    downloaded copies when `evaluate:` scores them); `batch_output`: the OpenAI batch output file's
+    path, for an input of that format."""
     output = output or OutputSettings()
     try:
         return prove_and_write(plan_path, shard_paths, inp, model, digest, predictions, summary, files_folders,
-                               evaluate, local_parts, part_names, output, records, copies)
+                               evaluate, local_parts, part_names, output, records, copies, batch_output)
     except UserError:
         if output.parts and records is None:  # no folder of an earlier run is left as if it were current
             shutil.rmtree(predictions, ignore_errors=True)
@@ -127,7 +140,7 @@ def run_gather(plan_path: str, shard_paths: list[str], inp: InputSettings, model
 def prove_and_write(plan_path: str, shard_paths: list[str], inp: InputSettings, model: dict, digest: str,
                     predictions: str, summary: str, files_folders: list[str] | None, evaluate: EvaluateSettings | None,
                     local_parts: list[str] | None, part_names: list[str] | None, output: OutputSettings,
-                    records: list[str] | None, copies: list[str] | None) -> dict:
+                    records: list[str] | None, copies: list[str] | None, batch_output: str | None = None) -> dict:
     """`run_gather`'s work, which it undoes on a refusal."""
     plan = read_plan(plan_path)
     refuse_no_columns(plan, model.get("task"))
@@ -139,13 +152,17 @@ def prove_and_write(plan_path: str, shard_paths: list[str], inp: InputSettings, 
     gold = evaluate.label_column if evaluate else None
     if gold:  # a gold column it cannot score is refused before anything is written
         check_gold(next((s.schema for s in shards if s.rows), None), model["task"], gold)
-    facts = write_output(shards, plan, digest, predictions, output, shard_paths if records is not None else None)
+    batch = batch_output and (batch_output, model.get("path") or "")
+    facts = write_output(shards, plan, digest, predictions, output, shard_paths if records is not None else None,
+                         batch)
     report = summarize(plan, shards, inp, model)
     report["output"] = facts
     if gold:
         report["metrics"] = score_predictions(scored_files(facts, shards, copies), model, gold)
         log.info("scored against `%s`: %s", gold, headline(report["metrics"]))
     write_json_atomic(summary, report)
+    if batch_output:
+        log.info("wrote %s: one line per request, in input order", batch_output)
     log.info("wrote %s (%d part(s), %d bytes) and %s; every shard's values match the digest its job recorded",
              facts["path"], facts["parts"], facts["bytes"], summary)
     return report

@@ -37,11 +37,12 @@ from shardinfer.batching import length_sorted_batches, pad_batch
 from shardinfer.config import BatchSettings, ModelSettings, Settings
 from shardinfer.errors import RowError, UserError
 from shardinfer.hf.tokens import TokenWindow
+from shardinfer.input.formats.openai_batch import NAME as BATCH_FORMAT
 from shardinfer.schema import defaults
 from shardinfer.tasks.base import TaskInputs, Window, tokenize_ahead_refused
 from shardinfer.tasks.classify import untrained_head
 from shardinfer.tasks.generate_columns import COLUMNS, Columns, output_fields
-from shardinfer.tasks.generate_params import PromptRows, RowParams
+from shardinfer.tasks.generate_params import PromptRows, RowParams, lines_carry_parameters
 from shardinfer.tasks.generate_prompts import Conversations, prompt_token_ids, refuse_without_template, text_prompts
 from shardinfer.tasks.text import TextTask, model_length_limit
 from shardinfer.tasks.vllm.checks import check_one_device
@@ -76,6 +77,13 @@ def check_positions(model: ModelSettings) -> None:
 def check_generate_section(settings: Settings) -> None:
     """What the `generate:` keys refuse together, on either engine."""
     options = settings.task_settings
+    if lines_carry_parameters(settings):
+        per_line = [key for key, unset in (("n", 1), ("logprobs", None), ("structured", None), ("stop", ()))
+                    if options.get(key) != unset]
+        if per_line or settings.evaluate.label_column is not None:
+            key = f"generate.{per_line[0]}" if per_line else "evaluate.label_column"
+            raise UserError(f"{key}: with input.format {BATCH_FORMAT} each line sets its own n, logprobs, stop and "
+                            f"response_format (and may ask for several completions); leave {key} out")
     if options.n > 1 and not options.do_sample:
         raise UserError(f"generate.n {options.n} needs generate.do_sample: true (greedy decoding gives one completion "
                         "per prompt); set do_sample: true or n: 1")
@@ -148,7 +156,14 @@ class Generate(TextTask):
 
     @classmethod
     def inputs(cls, inp: dict, section: dict) -> TaskInputs:
-        """The text column, or instead the conversations of `input.messages_column`."""
+        """The text column, or instead the conversations of `input.messages_column`, or an OpenAI
+        batch file's conversations and each line's parameters (its `messages` and `request`)."""
+        if inp.get("format") == BATCH_FORMAT:
+            if inp.get("messages_column") is not None or inp["text_column"] != defaults("input")["text_column"]:
+                raise UserError(f"input.format {BATCH_FORMAT}: each line's body.messages is the prompt; leave "
+                                "input.messages_column and input.text_column out")
+            keys = (f"input.format {BATCH_FORMAT}",) * 2
+            return TaskInputs(("messages", "request"), keys, (), ("messages",))
         column = inp.get("messages_column")
         if column is None:
             return super().inputs(inp, section)
@@ -193,8 +208,10 @@ class Generate(TextTask):
     def conversation_renderer(self, settings: Settings) -> Conversations | None:
         if settings.input.conversation_columns:
             refuse_without_template(self.tokenizer, settings.model.path, "input.messages_column")
-            return Conversations(self.tokenizer, settings.model.max_length, self.options.system_prompt,
-                                 settings.input.conversation_columns[0])
+            column = settings.input.conversation_columns[0]
+            where = (f"input.format {BATCH_FORMAT}'s body.messages" if lines_carry_parameters(settings)
+                     else f"input.messages_column `{column}`")
+            return Conversations(self.tokenizer, settings.model.max_length, self.options.system_prompt, where)
         if self.options.chat_template:
             refuse_without_template(self.tokenizer, settings.model.path, "generate.chat_template")
         return None
@@ -214,10 +231,17 @@ class Generate(TextTask):
         if refused and not self.settings.row_errors.record:
             raise UserError(f"{next(iter(refused.values()))} ({len(refused)} such row(s) in this window; fix the "
                             "input, or set row_errors.mode: record to write them as row errors)")
-        params = [self.params] * len(tokens.ids)
+        params = self.row_params(first, table)
         lengths = np.fromiter((max(len(row), 1) for row in tokens.ids), dtype=np.int64, count=len(tokens.ids))
         costs = np.array([(length + p.max_new_tokens) * p.n for length, p in zip(lengths, params)], dtype=np.int64)
         return Window(first, costs, PromptRows(tokens.ids, params, refused), lengths, tokens.truncated)
+
+    def row_params(self, first: int, table: pa.Table) -> list[RowParams]:
+        """Each row's parameters: the config's, or an OpenAI batch file's line's own (its `request`)."""
+        if not lines_carry_parameters(self.settings):
+            return [self.params] * table.num_rows
+        requests = table.column(1).to_pylist()
+        return [self.params.of_request(json.loads(request), first + k) for k, request in enumerate(requests)]
 
     def batches(self, window: Window, batch: BatchSettings) -> list[np.ndarray]:
         """Length-sorted batches of rows with equal parameters, n sequences counted per row."""

@@ -25,7 +25,7 @@ import pyarrow as pa
 from shardinfer.config import Settings
 from shardinfer.contract.shard_file import OutputType
 from shardinfer.tasks.generate_logprobs import LOGPROBS, SampleLogprobs, TokenTexts, logprobs_array, offsets
-from shardinfer.tasks.generate_params import RowParams
+from shardinfer.tasks.generate_params import RowParams, lines_carry_parameters
 from shardinfer.tasks.generate_structured import Judge, parsed_type
 
 FINISH = ("length", "eos", "stop")  # finish codes 0, 1, 2
@@ -38,12 +38,12 @@ SAMPLED = ("generated", "n_generated_tokens", "finish_reason")
 
 def output_fields(settings: Settings) -> dict[str, OutputType]:
     """The columns these settings give, in order."""
-    options = settings.task_settings
-    each = pa.list_ if options.n > 1 else (lambda kind: kind)
+    options, per_line = settings.task_settings, lines_carry_parameters(settings)
+    each = pa.list_ if options.n > 1 or per_line else (lambda kind: kind)
     fields = {name: each(kind) if name in SAMPLED else kind for name, kind in COLUMNS.items()}
-    if options.logprobs is not None:
+    if options.logprobs is not None or per_line:
         fields["logprobs"] = each(LOGPROBS)
-    if options.structured:
+    if options.structured and not per_line:
         if "json" in options.structured:
             fields["parsed"] = each(parsed_type(options.structured["json"]))
         fields.update(valid=each(pa.bool_()), invalid_reason=each(pa.string()))
@@ -71,7 +71,7 @@ class Columns:
 
     def __init__(self, tokenizer, settings: Settings) -> None:
         self.tokenizer, self.fields = tokenizer, output_fields(settings)
-        self.many = settings.task_settings.n > 1
+        self.many = settings.task_settings.n > 1 or lines_carry_parameters(settings)
         self.texts = TokenTexts(tokenizer)
         self.judges: dict[str, Judge] = {}
 

@@ -1,10 +1,11 @@
 """What decides a row's completions, per row: `RowParams`.
 
-Today every row gets the config's (`generate:` and `model.max_new_tokens`: `RowParams.of`). The
-engines read them per row all the same: vLLM makes one SamplingParams per row, and the
-transformers engine batches only rows with equal parameters together (`batch_key`), so an input
-that carries its own parameters per row (an OpenAI batch file's `max_tokens`, `temperature`, `n`,
-`logprobs`, `response_format`, ...) fills `PromptRows.params` row by row and needs no engine change.
+Every row gets the config's (`generate:` and `model.max_new_tokens`: `RowParams.of`), except the
+rows of an OpenAI batch file, which carry their own (`RowParams.of_request`: each line's
+`max_tokens`, `temperature`, `top_p`, `n`, `stop`, `seed`, `logprobs`, `response_format`, as
+`shardinfer.input.formats.openai_batch` checked them). The engines read them per row: vLLM makes
+one SamplingParams per row, and the transformers engine batches only rows with equal parameters
+together (`batch_key`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,14 @@ import json
 from dataclasses import dataclass, field
 
 from shardinfer.config import Settings
+from shardinfer.errors import UserError
+from shardinfer.input.formats.openai_batch import NAME as BATCH_FORMAT
+
+
+def lines_carry_parameters(settings: Settings) -> bool:
+    """Whether each row brings its own parameters (an OpenAI batch file): then any row may ask for
+    several completions and log-probabilities, so the output columns are those of n > 1 with logprobs."""
+    return settings.input.format == BATCH_FORMAT
 
 
 @dataclass(frozen=True)
@@ -33,6 +42,24 @@ class RowParams:
         o = settings.task_settings
         return cls(max_new_tokens=int(settings.model.max_new_tokens), do_sample=o.do_sample, temperature=o.temperature,
                    top_p=o.top_p, seed=o.seed, n=o.n, stop=tuple(o.stop), logprobs=o.logprobs, structured=o.structured)
+
+    def of_request(self, request: dict, row: int) -> RowParams:
+        """A batch file line's parameters (`request`: the format's `request` column), the config's
+        (self) where the line sets none: as OpenAI where it has a default (temperature 1, top_p 1,
+        n 1, no stop, no log-probabilities, free text), the config's max_new_tokens and seed else.
+        A line cannot ask more tokens than model.max_new_tokens, which bounds the plan and the
+        model's positions (refused naming the line's custom_id)."""
+        tokens = request.get("max_tokens", self.max_new_tokens)
+        if tokens > self.max_new_tokens:
+            raise UserError(f"row {row} (custom_id {request.get('custom_id')!r}): body.max_tokens {tokens} is above "
+                            f"model.max_new_tokens {self.max_new_tokens}, the most any row is given; raise "
+                            "model.max_new_tokens or lower the line's")
+        temperature = float(request.get("temperature", 1.0))
+        logprobs = request.get("logprobs")
+        return RowParams(max_new_tokens=int(tokens), do_sample=temperature > 0, temperature=temperature or 1.0,
+                         top_p=float(request.get("top_p", 1.0)), seed=int(request.get("seed", self.seed)),
+                         n=int(request.get("n", 1)), stop=tuple(request.get("stop", ())),
+                         logprobs=None if logprobs is None else int(logprobs), structured=request.get("structured"))
 
     @property
     def batch_key(self) -> str:

@@ -91,6 +91,7 @@ class Conversations:
     """Renders a window's conversations with the chat template, each fitted to max_length."""
 
     def __init__(self, tokenizer, max_length: int, system: str | None, column: str) -> None:
+        """`column`: where the conversations come from, as errors name it (`input.messages_column `m``)."""
         self.tokenizer, self.max_length, self.system, self.column = tokenizer, max_length, system, column
 
     def render(self, messages: list[dict]) -> list[int]:
@@ -108,7 +109,7 @@ class Conversations:
                 row, cut = self.fitted(messages)
             except Refused as why:
                 row, cut = [], False
-                refused[position] = f"input.messages_column `{self.column}`, row {first + position}: {why}"
+                refused[position] = f"{self.column}, row {first + position}: {why}"
             ids.append(row)
             if cut:
                 truncated.append(position)

@@ -101,6 +101,9 @@ class Format:
     # reads less than the whole file.
     reads_from_start: ClassVar[bool] = False
     options_type: ClassVar[type[FormatOptions]] = FormatOptions
+    # Input columns every output keeps (beside `input.keep_columns`): what a format's own output is
+    # made of at gather (the OpenAI batch file's custom_id).
+    always_kept: ClassVar[tuple[str, ...]] = ()
 
     @property
     def options_section(self) -> str:

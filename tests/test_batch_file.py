@@ -1,0 +1,264 @@
+"""The OpenAI batch file in and out (`input.format: openai_batch`), through real `snakemake` runs on
+both engines over the tiny byte-level Llama, its output checked with the `openai` package's own types.
+
+- transformers, 1 shard and 3 shards, `row_errors: record`, a line the chat template refuses: every
+  output line answers its input line's custom_id, in order, each body a `ChatCompletion`, the bad
+  line an error line (`BatchError`); the 3-shard file is the 1-shard file, byte for byte.
+- vLLM, 1 shard, the same lines without the bad one: each line's own parameters are honoured on
+  both engines (max_tokens, n, stop, logprobs with top_logprobs, a JSON schema), and its greedy
+  lines are the transformers engine's.
+- The proof covers the file: gather again from the proven shards gives the same file; a shard with
+  one edited text gives neither file.
+- Refusals (a custom_id twice, another url, a key that would change the output, a value out of
+  range, settings the lines give) are one line each, naming the file's line.
+Without vLLM installed the module is skipped, unless CI=true: then it fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import made_once
+from factory import WORDS, build_tiny_bytes_lm, read_predictions, run_workflows
+from generation_data import SCHEMA, settings_of
+from shardinfer.contract.shard_file import IDENTITY_KEY
+from shardinfer.errors import ProofError, UserError
+from shardinfer.input.scan import scan_input
+from shardinfer.tasks import engine_class
+from shardinfer.tasks.generate_params import RowParams
+from test_vllm import vllm_missing
+
+if vllm_missing():
+    if os.environ.get("CI", "").lower() == "true":
+        raise RuntimeError(f"vLLM tests cannot run: {vllm_missing()}. CI=true, so this fails instead of skipping.")
+    pytest.skip(vllm_missing(), allow_module_level=True)
+
+pytestmark = pytest.mark.e2e
+URL = "/v1/chat/completions"
+BAD = "request-6"  # a role the chat template refuses
+# Each line's own parameters (the rest: greedy, at most 4 tokens)
+OWN = {0: {"max_tokens": 2, "temperature": 0},
+       1: {"n": 3, "temperature": 1.2, "seed": 3, "max_tokens": 8},
+       2: {"temperature": 0, "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}},
+       3: {"temperature": 0, "logprobs": True, "top_logprobs": 2, "max_tokens": 5},
+       4: {"temperature": 0.7, "top_p": 0.9, "stop": ["e"]},
+       5: {"max_completion_tokens": 6, "temperature": 0}}
+LINES = 12
+
+
+def request(i: int, **body) -> dict:
+    messages = [{"role": "user", "content": " ".join(WORDS[i:i + 4])}]
+    return {"custom_id": f"request-{i}", "method": "POST", "url": URL,
+            "body": {"model": "gpt-4o-mini", "messages": messages, **body}}
+
+
+def batch_lines(bad: bool = True) -> list[dict]:
+    lines = [request(i, **OWN.get(i, {"temperature": 0, "max_tokens": 4})) for i in range(LINES)]
+    lines[6]["body"]["messages"] = [{"role": "tool", "content": "a tool's answer"}]
+    return lines if bad else [line for line in lines if line["custom_id"] != BAD]
+
+
+def write_lines(path: Path, lines: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def batch_config(data: Path, lm: Path, shards: int, engine: str) -> dict:
+    config = {"input": {"path": str(data), "format": "openai_batch"},
+              "model": {"path": str(lm), "task": "generate", "max_length": 48, "max_new_tokens": 32,
+                        "dtype": "float32"},
+              "generate": {"engine": engine}, "batch": {"max_tokens": 4096, "max_rows": 4, "sort_window": 8},
+              "shards": shards}
+    if engine == "vllm":
+        config["generate"]["vllm"] = {"max_num_seqs": 16}
+    else:
+        config["row_errors"] = {"mode": "record", "max": 1}
+    return config
+
+
+@pytest.fixture(scope="session")
+def bytes_lm(tmp_path_factory) -> Path:
+    return made_once(tmp_path_factory, "bytes-lm", build_tiny_bytes_lm) / "tiny-bytes-lm"
+
+
+@pytest.fixture(scope="module")
+def batch_settings(bytes_lm, tmp_path_factory):
+    """The settings of a transformers run over the batch file, built as the Snakefile builds them."""
+    root = tmp_path_factory.mktemp("batch-settings")
+    config = batch_config(write_lines(root / "batch.jsonl", batch_lines()), bytes_lm, 1, "transformers")
+    (root / "config").mkdir()
+    (root / "config" / "config.yaml").write_text(json.dumps(config))
+    return settings_of(root)
+
+
+@pytest.fixture(scope="module")
+def runs(bytes_lm, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("batch-runs")
+    with_bad = write_lines(root / "data" / "batch.jsonl", batch_lines())
+    good = write_lines(root / "data" / "good.jsonl", batch_lines(bad=False))
+    planned = {"hf-1": batch_config(with_bad, bytes_lm, 1, "transformers"),
+               "hf-3": batch_config(with_bad, bytes_lm, 3, "transformers"),
+               "vllm-1": batch_config(good, bytes_lm, 1, "vllm")}
+    results = run_workflows([(root / name, config) for name, config in planned.items()])
+    for result in results:
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    return {name: root / name for name in planned}
+
+
+def output_of(workdir: Path) -> list[dict]:
+    return [json.loads(line) for line in (workdir / "results" / "batch_output.jsonl").read_text().splitlines()]
+
+
+def choices(line: dict) -> list[dict]:
+    return line["response"]["body"]["choices"]
+
+
+def test_every_line_answers_its_request_in_order_as_openai_types_read_it(runs):
+    from openai.types import BatchError
+    from openai.types.chat import ChatCompletion
+
+    out = output_of(runs["hf-1"])
+    assert [line["custom_id"] for line in out] == [line["custom_id"] for line in batch_lines()]
+    for line in out:
+        assert set(line) == {"id", "custom_id", "response", "error"} and line["id"].startswith("batch_req_")
+        if line["custom_id"] == BAD:  # an error line, not a missing one
+            assert line["response"] is None
+            error = BatchError.model_validate(line["error"])
+            assert error.code == "row_error" and "unknown role tool" in error.message and "row 6" in error.message
+            continue
+        assert line["error"] is None and line["response"]["status_code"] == 200
+        body = ChatCompletion.model_validate(line["response"]["body"])
+        assert body.object == "chat.completion" and body.model == "gpt-4o-mini"
+        assert body.usage.total_tokens == body.usage.prompt_tokens + body.usage.completion_tokens
+    table = read_predictions(runs["hf-1"])
+    assert table["custom_id"].tolist() == [line["custom_id"] for line in out]
+    assert table["error"].notna().tolist() == [line["custom_id"] == BAD for line in out]
+
+
+def test_three_shards_write_the_one_shard_file_byte_for_byte(runs):
+    one, three = (runs[name] / "results" / "batch_output.jsonl" for name in ("hf-1", "hf-3"))
+    assert one.read_bytes() == three.read_bytes()
+
+
+@pytest.mark.parametrize("run", ["hf-1", "vllm-1"])
+def test_each_line_s_own_parameters_are_honoured(runs, run):
+    from jsonschema import Draft202012Validator
+
+    out = {line["custom_id"]: line for line in output_of(runs[run])}
+    usage = {cid: line["response"]["body"]["usage"] for cid, line in out.items() if line["response"]}
+    assert usage["request-0"]["completion_tokens"] <= 2
+    assert len(choices(out["request-1"])) == 3 and usage["request-1"]["completion_tokens"] <= 3 * 8
+    assert [c["index"] for c in choices(out["request-1"])] == [0, 1, 2]
+    assert len({c["message"]["content"] for c in choices(out["request-1"])}) > 1  # sampled, seeded per choice
+    json_row = choices(out["request-2"])[0]
+    assert json_row["message"]["content"].startswith("{")
+    if json_row["finish_reason"] == "stop":  # ended on eos: valid JSON for the schema
+        Draft202012Validator(SCHEMA).validate(json.loads(json_row["message"]["content"]))
+    logprobs = choices(out["request-3"])[0]["logprobs"]["content"]
+    assert len(logprobs) == usage["request-3"]["completion_tokens"] <= 5
+    assert all(len(token["top_logprobs"]) == 2 and token["logprob"] <= 0 for token in logprobs)
+    assert all(c["logprobs"] is None for cid in out if cid not in (BAD, "request-3") for c in choices(out[cid]))
+    stopped = choices(out["request-4"])[0]
+    assert "e" not in stopped["message"]["content"]
+    assert usage["request-5"]["completion_tokens"] <= 6
+    assert all(usage[f"request-{i}"]["completion_tokens"] <= 4 for i in range(7, LINES))
+
+
+def test_greedy_lines_are_the_same_on_both_engines(runs):
+    hf, vllm = ({line["custom_id"]: line for line in output_of(runs[name])} for name in ("hf-1", "vllm-1"))
+    greedy = [cid for cid in vllm if cid not in ("request-1", "request-4")]
+    assert len(greedy) == LINES - 3
+    for cid in greedy:
+        assert [c["message"] for c in choices(hf[cid])] == [c["message"] for c in choices(vllm[cid])], cid
+        assert [c["finish_reason"] for c in choices(hf[cid])] == [c["finish_reason"] for c in choices(vllm[cid])]
+
+
+def gather_again(workdir: Path, out: Path, shard_paths: list[str]) -> None:
+    from shardinfer.proof.gather import run_gather
+
+    settings = settings_of(workdir)
+    digest = json.loads(pq.ParquetFile(shard_paths[0]).metadata.metadata[IDENTITY_KEY])["digest"]
+    run_gather(str(workdir / "results" / "plan.json"), shard_paths, settings.input, {"path": settings.model.path},
+               digest, str(out / "predictions.parquet"), str(out / "summary.json"),
+               batch_output=str(out / "batch_output.jsonl"))
+
+
+def test_the_proof_covers_the_batch_output_file(runs, tmp_path):
+    """Gathered again from the run's shards: the same file. With one text of shard 1 edited (its
+    metadata kept): refused, and neither the table nor the batch file is written."""
+    workdir = runs["hf-3"]
+    shard_paths = [str(workdir / "results" / "shards" / f"{shard}.parquet") for shard in range(3)]
+    gather_again(workdir, tmp_path / "again", shard_paths)
+    assert (tmp_path / "again" / "batch_output.jsonl").read_bytes() == (
+        workdir / "results" / "batch_output.jsonl").read_bytes()
+    copies = [tmp_path / "shards" / Path(path).name for path in shard_paths]  # one folder, as gather reads it
+    copies[0].parent.mkdir()
+    for path, copy in zip(shard_paths, copies):
+        shutil.copyfile(path, copy)
+    edited = copies[1]
+    file = pq.ParquetFile(shard_paths[1])
+    table = file.read()
+    texts = table.column("generated").to_pylist()
+    texts[0] = ["not what the model wrote"] + texts[0][1:]
+    table = table.set_column(table.schema.get_field_index("generated"), "generated",
+                             pa.array(texts, table.schema.field("generated").type))
+    with pq.ParquetWriter(str(edited), table.schema.remove_metadata()) as writer:
+        writer.write_table(table.replace_schema_metadata(None))
+        writer.add_key_value_metadata({k: v for k, v in file.metadata.metadata.items() if k != b"ARROW:schema"})
+    with pytest.raises(ProofError, match="shard 1 .*its values are not those its job wrote"):
+        gather_again(workdir, tmp_path / "edited", list(map(str, copies)))
+    assert not any((tmp_path / "edited").glob("*"))  # neither file, no partial one
+
+
+def refusal(tmp_path: Path, lines: list, settings) -> str:
+    path = tmp_path / "refused.jsonl"
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+    inp = dataclasses.replace(settings.input, path=str(path), parts=(str(path),))
+    with pytest.raises(UserError) as caught:
+        scan_input(inp)
+    assert "\n" not in str(caught.value)
+    return str(caught.value)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda lines: lines.append(request(1)), r"line 13: custom_id 'request-1' is also line 2's"),
+    (lambda lines: lines[2].update(url="/v1/embeddings"), r"line 3: url '/v1/embeddings' .* allowed: POST "
+                                                          "/v1/chat/completions"),
+    (lambda lines: lines[0]["body"].update(tools=[{"type": "function"}]), r"line 1: body.tools .* is not supported"),
+    (lambda lines: lines[0]["body"].update(presence_penalty=0.5), r"line 1: body.presence_penalty 0.5 is not "
+                                                                   "supported: .* per row"),
+    (lambda lines: lines[4]["body"].update(temperature=3), r"line 5: body.temperature must be a number from 0.0 "
+                                                            r"to 2.0; got 3"),
+    (lambda lines: lines[1]["body"].update(temperature=0), r"line 2: body.n 3 with temperature 0"),
+    (lambda lines: lines[3]["body"].update(logprobs=False), r"line 4: body.top_logprobs needs body.logprobs: true"),
+    (lambda lines: lines[0]["body"].update(response_format={"type": "xml"}), r"line 1: body.response_format must"),
+    (lambda lines: lines[0]["body"]["messages"][0].update(content=[{"type": "image_url"}]),
+     r"line 1: a message's content holds image_url parts"),
+    (lambda lines: lines.insert(1, "not json"), r"line 2: not JSON"),
+])
+def test_a_bad_line_is_refused_in_one_line_naming_it(batch_settings, tmp_path, change, message):
+    lines = batch_lines()
+    change(lines)
+    assert re.search(message, refusal(tmp_path, lines, batch_settings))
+
+
+def test_settings_that_the_lines_give_are_refused_in_one_line(batch_settings):
+    settings = batch_settings
+    options = dataclasses.replace(settings.task_settings, n=2, do_sample=True)
+    changed = dataclasses.replace(settings, task_settings=options)
+    with pytest.raises(UserError, match=r"^generate.n: with input.format openai_batch each line sets its own n"):
+        engine_class(changed).check_settings(changed)
+    params = RowParams.of(settings)
+    with pytest.raises(UserError, match=r"^row 4 \(custom_id 'r'\): body.max_tokens 33 is above model.max_new_tokens "
+                                        r"32"):
+        params.of_request({"custom_id": "r", "max_tokens": 33}, 4)
