@@ -110,6 +110,8 @@ def _summary(fmt: Format) -> str:
 
 
 def _files(fmt: Format) -> str:
+    if fmt.named_only:
+        return "any name, when `input.format` names it"
     if fmt.extensions:
         return ", ".join(f"`{suffix}`" for suffix in fmt.extensions)
     return "a folder holding " + " or ".join(f"`{marker}`" for marker in fmt.folder_markers)
@@ -117,6 +119,11 @@ def _files(fmt: Format) -> str:
 
 def _option_keys(fmt: Format) -> list[str]:
     return [f"input.{fmt.options_section}.{field.name}" for field in dataclasses.fields(fmt.options_type)]
+
+
+def _named(fmt: Format) -> str:
+    """A format's files in a word, for config.yaml's comment."""
+    return "when named" if fmt.named_only else " ".join(fmt.extensions) or "a folder"
 
 
 def format_table() -> list[str]:
@@ -138,7 +145,7 @@ def format_list() -> list[str]:
 
 def format_comment() -> list[str]:
     """config/config.yaml's comment lines of the formats and their files."""
-    listed = [f"{fmt.name} ({' '.join(fmt.extensions) or 'a folder'}{', .gz too' if fmt.compressible else ''})"
+    listed = [f"{fmt.name} ({_named(fmt)}{', .gz too' if fmt.compressible else ''})"
               for fmt in all_formats().values()]
     return textwrap.wrap(", ".join(listed), WIDTH)
 

@@ -48,7 +48,8 @@ BAD = "request-6"  # a role the chat template refuses
 # Each line's own parameters (the rest: greedy, at most 4 tokens)
 OWN = {0: {"max_tokens": 2, "temperature": 0},
        1: {"n": 3, "temperature": 1.2, "seed": 3, "max_tokens": 8},
-       2: {"temperature": 0, "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}},
+       2: {"temperature": 0, "response_format": {"type": "json_schema",
+                                                 "json_schema": {"name": "p", "schema": SCHEMA}}},
        3: {"temperature": 0, "logprobs": True, "top_logprobs": 2, "max_tokens": 5},
        4: {"temperature": 0.7, "top_p": 0.9, "stop": ["e"]},
        5: {"max_completion_tokens": 6, "temperature": 0}}
@@ -262,3 +263,10 @@ def test_settings_that_the_lines_give_are_refused_in_one_line(batch_settings):
     with pytest.raises(UserError, match=r"^row 4 \(custom_id 'r'\): body.max_tokens 33 is above model.max_new_tokens "
                                         r"32"):
         params.of_request({"custom_id": "r", "max_tokens": 33}, 4)
+
+
+def test_a_batch_file_is_refused_for_a_task_other_than_generate(batch_settings):
+    from shardinfer.configure import task_inputs
+
+    with pytest.raises(UserError, match=r"^input.format openai_batch is read by task generate; model.task is embed$"):
+        task_inputs("embed", {"format": "openai_batch", "path": batch_settings.input.path}, {})

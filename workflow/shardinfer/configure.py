@@ -123,6 +123,9 @@ def task_inputs(task: str, inp: dict, section: dict) -> TaskInputs | None:
     input.messages_column is refused for a task that reads no conversations."""
     if task not in TASKS:
         return None
+    fmt = format_named(inp["format"]) if inp["format"] != "auto" else None
+    if fmt is not None and fmt.tasks is not None and task not in fmt.tasks:
+        raise UserError(f"input.format {fmt.name} is read by task {' and '.join(fmt.tasks)}; model.task is {task}")
     if inp.get("messages_column") is not None and not task_class(task).reads_conversations:
         able = " and ".join(name for name in TASKS if task_class(name).reads_conversations)
         raise UserError(f"input.messages_column is for task {able}; task {task} reads input.text_column, so leave "

@@ -88,6 +88,9 @@ class Format:
 
     name: ClassVar[str]  # what `input.format` says
     extensions: ClassVar[tuple[str, ...]] = ()  # lower case, with the dot
+    # True: found by no file name or folder, only when `input.format` names it (its files share
+    # another format's extension: an OpenAI batch file is JSONL)
+    named_only: ClassVar[bool] = False
     compressible: ClassVar[bool] = False  # names may end in .gz, .bz2, .lz4, .zst (read through a decompressor)
     staged_suffix: ClassVar[str | None] = None  # its staged copies' suffix; None: never staged
     # Files whose presence at a folder's top lays the folder out in this format's own way
@@ -104,6 +107,7 @@ class Format:
     # Input columns every output keeps (beside `input.keep_columns`): what a format's own output is
     # made of at gather (the OpenAI batch file's custom_id).
     always_kept: ClassVar[tuple[str, ...]] = ()
+    tasks: ClassVar[tuple[str, ...] | None] = None  # the tasks that can read it (None: any)
 
     @property
     def options_section(self) -> str:

@@ -237,9 +237,15 @@ def parsed_block(path: str, first_line: int, block: bytes, extra: pa.Schema | No
 
 
 class OpenAiBatch(TextFormat):
+    """The OpenAI batch file of chat completion requests, as the OpenAI Batch API and `vllm run-batch`
+    take it (task generate): each line's `body.messages` is its prompt and its own max_tokens,
+    temperature, top_p, n, stop, seed, logprobs, top_logprobs and response_format drive its row; gather
+    also writes `results/batch_output.jsonl` (README, "OpenAI batch files")."""
+
     name = NAME
-    extensions = ()  # .jsonl is jsonl's: named in input.format
+    named_only = True  # .jsonl is jsonl's
     always_kept = ("custom_id", "model")  # the output file's lines are made of them
+    tasks = ("generate",)
 
     def fields(self, inp: InputSettings) -> pa.Schema:
         """The fixed columns, then the lines' own keys over every part, one type each."""
