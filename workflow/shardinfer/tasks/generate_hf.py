@@ -95,7 +95,8 @@ class HfEngine:
         changing = [key for key, neutral in SCORE_CHANGING.items()
                     if getattr(config, key, neutral) not in (neutral, None, [])]
         if changing:
-            raise UserError(f"generate.logprobs on the transformers engine: model.path `{self.settings.model.path}`'s "
+            raise UserError(f"generate.logprobs (or a batch file line's logprobs) on the transformers engine: "
+                            f"model.path `{self.settings.model.path}`'s "
                             f"generation_config sets {', '.join(changing)}, which transformers applies before the "
                             "log-probabilities are read (vLLM: after); use generate.engine vllm, or remove it there")
 
@@ -119,6 +120,8 @@ class HfEngine:
         """The batch's completions: per row, its n samples in order."""
         import torch
 
+        if params.logprobs is not None:  # a batch file's line may ask where the config does not
+            self.refuse_score_changing()
         ids, mask, index = inputs["input_ids"], inputs["attention_mask"], inputs["index"]
         extra = {name: t for name, t in inputs.items() if name not in ("input_ids", "attention_mask", "index")}
         rows, width = ids.shape
