@@ -13,6 +13,7 @@ from typing import Any
 from shardinfer.config import ModelSettings
 from shardinfer.errors import UserError, first_line
 from shardinfer.tasks.base import LoadContext
+from shardinfer.tasks.generate_params import lines_carry_parameters
 from shardinfer.tasks.vllm.checks import INSTALL_HINT, Span, check_lora, vllm_version
 from shardinfer.tasks.vllm.parallel import parallel_arguments, place_workers
 
@@ -63,26 +64,28 @@ def engine_arguments(context: LoadContext) -> dict:
             seqs = int(user.get("max_num_seqs", 256))
             defaults.update(max_num_seqs=seqs, kv_cache_memory_bytes=cpu_kv_cache_bytes(
                 model, dtype, arguments["max_model_len"], seqs))
-        if options.get("do_sample"):
-            defaults.update(cpu_sampling_arguments(user, arguments["max_model_len"]))
+        batch = lines_carry_parameters(context.settings)  # any line may sample
+        if options.get("do_sample") or batch:
+            why = "an OpenAI batch file's lines" if batch else "generate.do_sample"
+            defaults.update(cpu_sampling_arguments(user, arguments["max_model_len"], why))
         arguments.update(defaults)
     return {**arguments, **user}
 
 
-def cpu_sampling_arguments(user: dict, max_model_len: int) -> dict:
+def cpu_sampling_arguments(user: dict, max_model_len: int, why: str = "generate.do_sample") -> dict:
     """Sampling on vLLM's CPU build: without chunked prefill. Each row's seeded generator on CPU (a
     Mersenne Twister) cannot rewind, and vLLM rewinds it whenever a prompt is cut across engine
     steps, which chunked prefill does once a step's prompts exceed max_num_batched_tokens ("CPU
     Generator does not use offset": a shard failed or not by its window's size). Without chunking a
     step takes whole prompts, and outputs are the same (each row's seed decides its sample). A
-    user's setting that would cut prompts again is refused, naming the fix."""
+    user's setting that would cut prompts again is refused, naming the fix (`why`: what samples)."""
     fix = "leave it out: sampling on CPU runs without chunked prefill, which vLLM's CPU build needs for seeded rows"
     if user.get("enable_chunked_prefill"):
-        raise UserError(f"generate.vllm.enable_chunked_prefill is true with generate.do_sample on CPU, where vLLM "
+        raise UserError(f"generate.vllm.enable_chunked_prefill is true with {why} on CPU, where vLLM "
                         f"fails on a prompt cut across steps (CPU Generator does not use offset); {fix}")
     if (user.get("long_prefill_token_threshold") or 0) > 0:
         raise UserError(f"generate.vllm.long_prefill_token_threshold is {user['long_prefill_token_threshold']} with "
-                        "generate.do_sample on CPU, where vLLM fails on a prompt cut across steps (CPU Generator does "
+                        f"{why} on CPU, where vLLM fails on a prompt cut across steps (CPU Generator does "
                         f"not use offset); {fix}")
     budget = user.get("max_num_batched_tokens")
     if budget is not None and budget < max_model_len:
