@@ -55,6 +55,8 @@ class InputSettings:
     text_columns: tuple[str, ...] | None = None
     # Those of the task's columns that hold a conversation per row (generate: input.messages_column).
     conversation_columns: tuple[str, ...] = field(default=(), metadata={ADDED: True})
+    # Those holding images per row (generate: input.image_column; shardinfer.tasks.generate_images).
+    image_columns: tuple[str, ...] = field(default=(), metadata={ADDED: True})
 
     def __post_init__(self) -> None:
         if not self.task_columns:
@@ -94,7 +96,7 @@ class InputSettings:
     @classmethod
     def from_dict(cls, data: dict) -> InputSettings:
         tuples = ("keep_columns", "columns", "parts", "task_columns", "column_keys", "text_columns",
-                  "conversation_columns")
+                  "conversation_columns", "image_columns")
         flat = {name: data[name] for name in FLAT_OPTIONS if data.get(name) is not None}
         data = {key: value for key, value in data.items() if key not in FLAT_OPTIONS}
         return cls(**{**data, "options": {**data.get("options", {}), **flat},

@@ -115,17 +115,22 @@ def input_settings(inp: dict, task: str, section: dict, names: list[str] | None)
         column_keys=reads.keys if reads else (),
         text_columns=reads.texts if reads else None,
         conversation_columns=reads.conversations if reads else (),
+        image_columns=reads.images if reads else (),
     )
 
 
 def task_inputs(task: str, inp: dict, section: dict) -> TaskInputs | None:
     """The columns the task reads (`Task.inputs`; None for an unknown task, which the checks refuse);
-    input.messages_column is refused for a task that reads no conversations."""
+    input.messages_column and input.image_column are refused for a task that reads none."""
     if task not in TASKS:
         return None
     fmt = format_named(inp["format"]) if inp["format"] != "auto" else None
     if fmt is not None and fmt.tasks is not None and task not in fmt.tasks:
         raise UserError(f"input.format {fmt.name} is read by task {' and '.join(fmt.tasks)}; model.task is {task}")
+    if inp.get("image_column") is not None and not task_class(task).reads_images:
+        able = " and ".join(name for name in TASKS if task_class(name).reads_images)
+        raise UserError(f"input.image_column is for task {able} (vision-language models); task {task} reads no "
+                        "images, so leave input.image_column out (task custom: name it in input.columns)")
     if inp.get("messages_column") is not None and not task_class(task).reads_conversations:
         able = " and ".join(name for name in TASKS if task_class(name).reads_conversations)
         raise UserError(f"input.messages_column is for task {able}; task {task} reads input.text_column, so leave "

@@ -76,6 +76,8 @@ def output_digest(settings: Settings, model_files: tuple[list, list] | None = No
         relevant["input"]["conversation_columns"] = settings.input.conversation_columns
     if lines_carry_parameters(settings):  # each row's parameters come from its line (the input's content)
         relevant["input"]["format"] = settings.input.format
+    if settings.input.image_columns:  # absent otherwise, likewise
+        relevant["input"]["image_columns"] = settings.input.image_columns
     extra = task.identity(settings)  # e.g. the vLLM engine's version
     if extra:  # absent otherwise, so that the other tasks' digests stay as they were
         relevant["task"] = extra

@@ -21,6 +21,7 @@ from shardinfer.contract.content_digest import table_digest
 from shardinfer.errors import UserError
 from shardinfer.input.formats import format_named
 from shardinfer.input.formats.base import Mark, Span
+from shardinfer.input.images import image_kind_problem
 
 NULLS_LISTED = 5
 # A conversation's cost beyond its contents' characters: the chat template's markers around each
@@ -70,6 +71,17 @@ def _check_columns(inp: InputSettings, fields: pa.Schema | None) -> None:
                             "rename them so that each name is one column")
 
 
+def _check_image_types(inp: InputSettings, fields: pa.Schema | None) -> None:
+    """An image column holds images (`generate_images.image_kind_problem`): found at the plan."""
+    if not inp.image_columns:
+        return
+    types = format_named(inp.format).column_types(inp, fields)
+    for column in inp.image_columns:
+        problem = image_kind_problem(types[column])
+        if problem:
+            raise UserError(f"input.image_column `{column}` {problem}; in `{inp.path}`")
+
+
 def _check_keep_types(inp: InputSettings, fields: pa.Schema | None) -> None:
     """Each kept column's type is one a shard can write and prove (`keeps_type`): found at the
     plan, not by every shard after its model has loaded."""
@@ -103,14 +115,37 @@ def _check_text_type(inp: InputSettings, column: str, text: pa.Array) -> None:
 
 def _check_conversation_type(inp: InputSettings, column: str, kind: pa.DataType) -> None:
     """A conversation column holds lists of structs with a `role` and a `content` of strings (more
-    fields are allowed: the template gets those that are set)."""
+    fields are allowed: the template gets those that are set); with images, a content may be a list
+    of parts ({type, text}: `generate_images`)."""
     message = kind.value_type if pa.types.is_list(kind) or pa.types.is_large_list(kind) else None
     fields = {f.name: f.type for f in message} if message is not None and pa.types.is_struct(message) else {}
+    if inp.image_columns and content_parts(fields.get("content")):
+        fields["content"] = pa.string()
     if not all(key in fields and (pa.types.is_string(fields[key]) or fields[key] == pa.null())
                for key in ("role", "content")):
         raise UserError(f"input.messages_column `{column}` holds {kind} in `{inp.path}`, not conversations: a list of "
                         "{role, content} messages per row, both strings (Parquet list<struct<role: string, content: "
                         "string>>, JSONL arrays of objects)")
+
+
+def content_parts(kind: pa.DataType | None) -> bool:
+    """Whether a message's content is a list of parts with a `type` ({type, text}, {type: image})."""
+    if kind is None or not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+        return False
+    part = kind.value_type
+    return pa.types.is_struct(part) and "type" in {f.name for f in part}
+
+
+def content_lengths(contents: pa.Array) -> np.ndarray:
+    """Characters per message content: a string's, or its text parts' together."""
+    if not content_parts(contents.type):
+        return text_lengths(contents)
+    parts = pc.list_flatten(contents)
+    if "text" not in {f.name for f in parts.type}:
+        return np.zeros(len(contents), dtype=np.int32)
+    owner = pc.list_parent_indices(contents).to_numpy(zero_copy_only=False)
+    chars = text_lengths(pc.struct_field(parts, "text"))
+    return np.bincount(owner, weights=chars, minlength=len(contents)).astype(np.int32)
 
 
 def conversation_lengths(conversations: pa.Array) -> np.ndarray:
@@ -119,7 +154,7 @@ def conversation_lengths(conversations: pa.Array) -> np.ndarray:
         return np.zeros(len(conversations), dtype=np.int32)
     messages = pc.list_flatten(conversations)
     owner = pc.list_parent_indices(conversations).to_numpy(zero_copy_only=False)
-    chars = text_lengths(pc.struct_field(messages, "content")) + CHARS_PER_MESSAGE
+    chars = content_lengths(pc.struct_field(messages, "content")) + CHARS_PER_MESSAGE
     return np.bincount(owner, weights=chars, minlength=len(conversations)).astype(np.int32)
 
 
@@ -157,9 +192,12 @@ def scan_input(inp: InputSettings, fields: pa.Schema | None = None) -> InputScan
     fields = fields if fields is not None else fmt.fields(inp)
     _check_columns(inp, fields)
     _check_keep_types(inp, fields)
+    _check_image_types(inp, fields)
     measure = _TextMeasure(inp) if inp.text_columns or inp.conversation_columns else None
     rows, marks = 0, []
-    task_only = dataclasses.replace(inp, keep_columns=())  # the task's columns only
+    # the task's columns only, its images but by type (a Parquet file's image bytes are not read)
+    task_only = dataclasses.replace(inp, keep_columns=(), task_columns=tuple(
+        column for column in inp.task_columns if column not in inp.image_columns))
     for position, batch in fmt.batches(task_only, None, fields):
         if position is not None and (not marks or marks[-1].position != position):
             marks.append(Mark(rows, position))

@@ -58,6 +58,7 @@ class TaskInputs:
     texts: tuple[str, ...]  # those holding text: strings, null only as input.null_text says; the plan's cost
     # those holding a conversation per row (lists of {role, content}): the plan's cost too, by their contents
     conversations: tuple[str, ...] = ()
+    images: tuple[str, ...] = ()  # those holding images per row (generate: input.image_column), not measured
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ class Task:
     model_files_below: ClassVar[bool] = False
     tokenizes_ahead: ClassVar[bool] = False  # whether the tokenize rule can make its inputs (`tokenize.ahead`)
     reads_conversations: ClassVar[bool] = False  # whether `inputs` takes input.messages_column (generate)
+    reads_images: ClassVar[bool] = False  # whether `inputs` takes input.image_column (generate)
     # How `evaluate:` scores its outputs against a gold column (shardinfer.metrics.SCORERS): "labels"
     # (classes), "texts" (exact match); None: no metric, evaluate refused.
     scored_as: ClassVar[str | None] = None

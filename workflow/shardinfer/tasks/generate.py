@@ -5,7 +5,8 @@ Settings: `model.max_new_tokens` and the `generate:` section (`shardinfer.sectio
 This module is the task and the transformers engine; what both engines share lives beside it:
 the prompts (`generate_prompts`: texts and conversations, as token ids), each row's parameters
 (`generate_params`), the output columns (`generate_columns`), log-probabilities
-(`generate_logprobs`) and structured output (`generate_structured`). `generate.engine: vllm`
+(`generate_logprobs`), structured output (`generate_structured`) and images for a
+vision-language model (`generate_images`: `input.image_column`, through the model's processor). `generate.engine: vllm`
 runs the same task on vLLM's engine (`shardinfer.tasks.vllm`).
 
 - **Batches** are left-padded and hold rows with equal parameters only; a row costs its prompt
@@ -112,10 +113,14 @@ def eos_token_ids(tokenizer, configured) -> list[int]:
 def not_a_generator(loaded) -> str | None:
     """Why the loaded model cannot generate text, or None. An encoder folder (BertModel,
     BertForMaskedLM) loads as BertLMHeadModel, with a random head or bidirectional attention."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    )
 
     named = list(getattr(loaded.model.config, "architectures", None) or [])
-    if not names_a_generator(named, set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())):
+    known = {*MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values(), *MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.values()}
+    if not names_a_generator(named, known):
         return f"it holds {', '.join(named)}, not a causal language model (…ForCausalLM) with a generation head"
     missing = untrained_head(loaded)
     if missing:
@@ -130,6 +135,7 @@ class Generate(TextTask):
     padding_side = "left"
     tokenizes_ahead = False  # prompts go through the chat template and are cut from the left, in the shard job
     reads_conversations = True  # input.messages_column
+    reads_images = True  # input.image_column (shardinfer.tasks.generate_images)
     scored_as = "texts"  # evaluate: exact match of `generated` with the reference (shardinfer.metrics)
     compared = {"texts": "generated"}
     totals = {"generated_tokens": "generated tokens/s"}
@@ -145,6 +151,7 @@ class Generate(TextTask):
             configured_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
         self.eos_ids = eos_token_ids(tokenizer, configured_eos)
         self.conversations = self.conversation_renderer(settings)
+        self.images = self.image_prompts(settings)
         self.output = Columns(tokenizer, settings)
         warn_short_choices(tokenizer, self.params)
         self.engine = self.transformers_engine() if loaded is not None else None
@@ -157,20 +164,34 @@ class Generate(TextTask):
     @classmethod
     def inputs(cls, inp: dict, section: dict) -> TaskInputs:
         """The text column, or instead the conversations of `input.messages_column`, or an OpenAI
-        batch file's conversations and each line's parameters (its `messages` and `request`)."""
+        batch file's conversations and each line's parameters (its `messages` and `request`); then the
+        images of `input.image_column`, when named."""
         if inp.get("format") == BATCH_FORMAT:
-            if inp.get("messages_column") is not None or inp["text_column"] != defaults("input")["text_column"]:
+            if (inp.get("messages_column") is not None or inp.get("image_column") is not None
+                    or inp["text_column"] != defaults("input")["text_column"]):
                 raise UserError(f"input.format {BATCH_FORMAT}: each line's body.messages is the prompt; leave "
-                                "input.messages_column and input.text_column out")
+                                "input.messages_column, input.text_column and input.image_column out")
             keys = (f"input.format {BATCH_FORMAT}",) * 2
             return TaskInputs(("messages", "request"), keys, (), ("messages",))
-        column = inp.get("messages_column")
+        column, images = inp.get("messages_column"), inp.get("image_column")
         if column is None:
-            return super().inputs(inp, section)
-        if inp["text_column"] != defaults("input")["text_column"]:
+            reads = super().inputs(inp, section)
+        elif inp["text_column"] != defaults("input")["text_column"]:
             raise UserError(f"input.messages_column `{column}` and input.text_column `{inp['text_column']}` both name "
                             "the prompts; give one (a conversation column replaces the text column)")
-        return TaskInputs((column,), ("input.messages_column",), (), (column,))
+        else:
+            reads = TaskInputs((column,), ("input.messages_column",), (), (column,))
+        if images is None:
+            return reads
+        if images in reads.columns:
+            raise UserError(f"input.image_column `{images}` is the prompts' column too; name the column of images")
+        return TaskInputs((*reads.columns, images), (*reads.keys, "input.image_column"), reads.texts,
+                          reads.conversations, (images,))
+
+    @classmethod
+    def model_class(cls, settings: Settings) -> str:
+        """A vision-language model's class when images are read, else a causal language model's."""
+        return "AutoModelForImageTextToText" if settings.input.image_columns else cls.auto_class
 
     @classmethod
     def check_settings(cls, settings: Settings) -> None:
@@ -189,6 +210,10 @@ class Generate(TextTask):
         check_positions(model)
         check_one_device(settings.task_settings)  # several devices: the vLLM engine's (generate.vllm)
         check_generate_section(settings)
+        if settings.input.image_columns:
+            from shardinfer.tasks.generate_images import check_image_settings
+
+            check_image_settings(settings)
 
     @classmethod
     def plan_overhead(cls, settings) -> int:
@@ -216,9 +241,19 @@ class Generate(TextTask):
             refuse_without_template(self.tokenizer, settings.model.path, "generate.chat_template")
         return None
 
+    def image_prompts(self, settings: Settings):
+        """The prompts' renderer with images (`input.image_column`), or None."""
+        if not settings.input.image_columns:
+            return None
+        from shardinfer.tasks.generate_images import ImagePrompts, load_processor
+
+        return ImagePrompts(load_processor(settings), settings, self.options.chat_template, self.options.system_prompt)
+
     def prompt_rows(self, first: int, table: pa.Table) -> tuple[TokenWindow, dict[int, str]]:
-        """The window's prompts as token ids, and the conversations refused (position -> why)."""
+        """The window's prompts as token ids, and the rows refused (position -> why)."""
         values = table.column(0).combine_chunks()
+        if self.images is not None:
+            return self.images.window(first, values, table.column(1).combine_chunks())
         if self.conversations is not None:
             return self.conversations.window(first, values)
         prompts = text_prompts(self.tokenizer, values, self.null_as_empty, self.options.chat_template,
@@ -234,7 +269,8 @@ class Generate(TextTask):
         params = self.row_params(first, table)
         lengths = np.fromiter((max(len(row), 1) for row in tokens.ids), dtype=np.int64, count=len(tokens.ids))
         costs = np.array([(length + p.max_new_tokens) * p.n for length, p in zip(lengths, params)], dtype=np.int64)
-        return Window(first, costs, PromptRows(tokens.ids, params, refused), lengths, tokens.truncated)
+        images = tokens.token_data.get("images")
+        return Window(first, costs, PromptRows(tokens.ids, params, refused, images), lengths, tokens.truncated)
 
     def row_params(self, first: int, table: pa.Table) -> list[RowParams]:
         """Each row's parameters: the config's, or an OpenAI batch file's line's own (its `request`)."""
@@ -244,11 +280,12 @@ class Generate(TextTask):
         return [self.params.of_request(json.loads(request), first + k) for k, request in enumerate(requests)]
 
     def batches(self, window: Window, batch: BatchSettings) -> list[np.ndarray]:
-        """Length-sorted batches of rows with equal parameters, n sequences counted per row."""
+        """Length-sorted batches of rows with equal parameters (and images, or none), n sequences
+        counted per row."""
         rows: PromptRows = window.data
-        groups: dict[str, list[int]] = {}
+        groups: dict[tuple, list[int]] = {}
         for position, params in enumerate(rows.params):
-            groups.setdefault(params.batch_key, []).append(position)
+            groups.setdefault((params.batch_key, rows.has_images(position)), []).append(position)
         batches = []
         for positions in groups.values():
             positions = np.asarray(positions, dtype=np.int64)
@@ -263,10 +300,16 @@ class Generate(TextTask):
 
         rows: PromptRows = window.data
         ids = [rows.ids[p] if len(rows.ids[p]) else [self.pad_id] for p in positions]
-        input_ids, mask = pad_batch(ids, self.pad_id, self.left)
         index = torch.from_numpy(window.first + np.asarray(positions, dtype=np.int64))
-        inputs = {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(mask), "index": index}
-        if self.with_token_types:  # one segment: a tokenizer that gives token types, for a model that takes them
+        if rows.has_images(positions[0]):  # the batch's rows all have images (`batches`)
+            from shardinfer.tasks.generate_images import processor_batch
+
+            inputs = processor_batch(self.images.processor, [rows.images[p] for p in positions], ids, self.pad_id)
+        else:
+            input_ids, mask = pad_batch(ids, self.pad_id, self.left)
+            inputs = {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(mask)}
+        inputs["index"] = index
+        if self.with_token_types and "pixel_values" not in inputs:  # one segment, for a model that takes them
             inputs["token_type_ids"] = torch.zeros_like(inputs["input_ids"])
         inputs = {name: t.pin_memory() for name, t in inputs.items()} if self.pin else inputs
         return {**inputs, "params": [rows.params[p] for p in positions],

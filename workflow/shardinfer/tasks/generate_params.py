@@ -78,6 +78,12 @@ class PromptRows:
     ids: list[list[int]]
     params: list[RowParams]
     refused: dict[int, str] = field(default_factory=dict)
+    # per row, its images and the ids vLLM gets (generate_images.ImageRow), None for a row without;
+    # None: no row has images. `ids` hold the prompts as the processor expanded them.
+    images: list | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def has_images(self, position: int) -> bool:
+        return self.images is not None and self.images[position] is not None

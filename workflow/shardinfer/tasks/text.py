@@ -48,9 +48,14 @@ class TextTask(Task):
     def load(cls, context: LoadContext) -> TextTask:
         from shardinfer.hf.models import load_text_model
 
-        tokenizer, loaded, pad_id = load_text_model(context.settings.model, cls.auto_class, context.dtype,
-                                                    context.device)
+        tokenizer, loaded, pad_id = load_text_model(context.settings.model, cls.model_class(context.settings),
+                                                    context.dtype, context.device)
         return cls(loaded, tokenizer, pad_id, context)
+
+    @classmethod
+    def model_class(cls, settings: Settings) -> str:
+        """The transformers Auto class (by name) that loads the model for these settings."""
+        return cls.auto_class
 
     @classmethod
     def encoder_for(cls, tokenizer, settings: Settings) -> Encoder:

@@ -7,6 +7,10 @@ What stays the transformers engine's (`shardinfer.tasks.generate`): the prompts,
 (special tokens skipped, cut before a stop string), the output columns and how a structured row
 is judged. What the engine gets:
 
+- **Images** (`input.image_column`, `shardinfer.tasks.generate_images`): a row's prompt ids with
+  one image token per image and its decoded images as `multi_modal_data`, which vLLM expands
+  itself; its output's prompt ids must equal the model processor's expansion, which the
+  transformers engine runs.
 - **Whole windows.** Each window of `batch.sort_window` rows is one `enqueue` of token-id prompts
   (`{"prompt_token_ids": ...}`), and the engine schedules them itself; `batch.max_tokens` and
   `max_rows` do not apply (`generate.vllm.max_num_seqs` and `max_num_batched_tokens` do). The

@@ -106,11 +106,13 @@ class VllmGenerate(Generate):
 
     def collate(self, window: Window, positions: np.ndarray) -> dict:
         """The rows' prompt ids (an empty prompt as the pad token alone, as the transformers engine
-        runs it: vLLM refuses an empty prompt), global indices and parameters."""
+        runs it: vLLM refuses an empty prompt), global indices and parameters, and their images
+        (None for a row without)."""
         rows: PromptRows = window.data
         return {"ids": [rows.ids[p] if len(rows.ids[p]) else [self.pad_id] for p in positions],
                 "index": (window.first + np.asarray(positions, dtype=np.int64)).tolist(),
-                "params": [rows.params[p] for p in positions]}
+                "params": [rows.params[p] for p in positions],
+                "images": [rows.images[p] if rows.images is not None else None for p in positions]}
 
     def sampling_params(self, params: RowParams, index: int):
         """A row's SamplingParams: its n samples seeded row_seed + j (vLLM seeds sample j so), its
@@ -127,7 +129,7 @@ class VllmGenerate(Generate):
     def predict(self, batch: dict) -> dict:
         """One enqueue of the batch's prompts; every output matched to its row by request id."""
         ids, index, params = batch["ids"], batch["index"], batch["params"]
-        prompts = [{"prompt_token_ids": list(map(int, row))} for row in ids]
+        prompts = [engine_prompt(row, images) for row, images in zip(ids, batch["images"])]
         from vllm import RequestOutput
         from vllm.exceptions import VLLMError
 
@@ -139,6 +141,15 @@ class VllmGenerate(Generate):
             raise UserError(f"vLLM failed on rows {index[0]}..{index[-1]} ({type(error).__name__}: "
                             f"{first_line(error)}); the shard's table was not written") from error
         return matched_results(request_ids, outputs, ids, index, self.eos_ids, params)
+
+
+def engine_prompt(ids: list[int], images) -> dict:
+    """A row's prompt for the engine: its ids, or with images (`generate_images.ImageRow`) the ids
+    with one image token per image and the images, which vLLM expands itself (the row's `ids`, as
+    the processor expanded them, are what its output must show it ran)."""
+    if images is None:
+        return {"prompt_token_ids": list(map(int, ids))}
+    return {"prompt_token_ids": list(map(int, images.placeholder_ids)), "multi_modal_data": {"image": images.pictures}}
 
 
 def structured_params(spec: dict | None):
