@@ -124,7 +124,7 @@ def task_inputs(task: str, inp: dict, section: dict) -> TaskInputs | None:
     input.messages_column and input.image_column are refused for a task that reads none."""
     if task not in TASKS:
         return None
-    fmt = format_named(inp["format"]) if inp["format"] != "auto" else None
+    fmt = format_named(inp["format"]) if inp.get("format", "auto") != "auto" else None
     if fmt is not None and fmt.tasks is not None and task not in fmt.tasks:
         raise UserError(f"input.format {fmt.name} is read by task {' and '.join(fmt.tasks)}; model.task is {task}")
     if inp.get("image_column") is not None and not task_class(task).reads_images:
