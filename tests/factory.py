@@ -281,6 +281,25 @@ def bytes_corpus(lines: int = 3000, seed: int = 0) -> list[str]:
     return out
 
 
+def with_unknown_tokens(lm: Path, root: Path) -> Path:
+    """A copy of the tiny Llama (63 embedding rows) whose tokenizer knows two words the model has no
+    embedding for (a tokenizer saved with added tokens and an embedding never resized, as happens):
+    "zebra" is id 63, which vLLM reads from its padding row (its table padded to 64 rows) and would
+    answer silently; "yak" is id 64."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    copy = root / "lm-extra-tokens"
+    if copy.exists():
+        return copy
+    shutil.copytree(lm, copy)
+    tokenizer = AutoTokenizer.from_pretrained(copy)
+    tokenizer.add_tokens(["zebra", "yak"])
+    tokenizer.save_pretrained(copy)
+    return copy
+
+
 def save_bytes_tokenizer(path: Path, vocab_size: int = 400):
     """A byte-level BPE (all 256 bytes, then merges learned from `bytes_corpus`: deterministic, ~0.5 s),
     as real LLM tokenizers are: xgrammar reads it as a byte-level vocabulary."""

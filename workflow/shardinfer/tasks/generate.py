@@ -44,7 +44,13 @@ from shardinfer.tasks.base import TaskInputs, Window, tokenize_ahead_refused
 from shardinfer.tasks.classify import untrained_head
 from shardinfer.tasks.generate_columns import COLUMNS, Columns, output_fields
 from shardinfer.tasks.generate_params import PromptRows, RowParams, lines_carry_parameters
-from shardinfer.tasks.generate_prompts import Conversations, prompt_token_ids, refuse_without_template, text_prompts
+from shardinfer.tasks.generate_prompts import (
+    Conversations,
+    prompt_problem,
+    prompt_token_ids,
+    refuse_without_template,
+    text_prompts,
+)
 from shardinfer.tasks.text import TextTask, model_length_limit
 from shardinfer.tasks.vllm.checks import check_one_device
 
@@ -110,6 +116,19 @@ def eos_token_ids(tokenizer, configured) -> list[int]:
     return sorted({int(i) for i in ids if i is not None})
 
 
+def vocab_size_of(model: ModelSettings, loaded=None) -> int | None:
+    """The token ids the model can embed: its (text) config's vocab_size, read from the loaded model
+    or, for vLLM's engine, from its folder. A tokenizer may know more (added tokens)."""
+    if loaded is not None:
+        config = loaded.model.config
+    else:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    size = getattr(config.get_text_config(), "vocab_size", None)
+    return int(size) if isinstance(size, int) else None
+
+
 def not_a_generator(loaded) -> str | None:
     """Why the loaded model cannot generate text, or None. An encoder folder (BertModel,
     BertForMaskedLM) loads as BertLMHeadModel, with a random head or bidirectional attention."""
@@ -150,6 +169,8 @@ class Generate(TextTask):
         if loaded is not None:
             configured_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
         self.eos_ids = eos_token_ids(tokenizer, configured_eos)
+        self.vocab_size = vocab_size_of(settings.model, loaded)
+        self.max_model_len = settings.model.max_length + self.max_new_tokens
         self.conversations = self.conversation_renderer(settings)
         self.images = self.image_prompts(settings)
         self.output = Columns(tokenizer, settings)
@@ -263,10 +284,12 @@ class Generate(TextTask):
 
     def prepare(self, first: int, table: pa.Table) -> Window:
         tokens, refused = self.prompt_rows(first, table)
-        if refused and not self.settings.row_errors.record:
-            raise UserError(f"{next(iter(refused.values()))} ({len(refused)} such row(s) in this window; fix the "
-                            "input, or set row_errors.mode: record to write them as row errors)")
         params = self.row_params(first, table)
+        refused = {**self.refused_prompts(first, tokens.ids, params, refused), **refused}
+        if refused and not self.settings.row_errors.record:
+            problem = refused[min(refused)]
+            raise UserError(f"{problem} ({len(refused)} such row(s) in this window; fix the input, or set "
+                            "row_errors.mode: record to write them as row errors)")
         lengths = np.fromiter((max(len(row), 1) for row in tokens.ids), dtype=np.int64, count=len(tokens.ids))
         costs = np.array([(length + p.max_new_tokens) * p.n for length, p in zip(lengths, params)], dtype=np.int64)
         images = tokens.token_data.get("images")
@@ -278,6 +301,18 @@ class Generate(TextTask):
             return [self.params] * table.num_rows
         requests = table.column(1).to_pylist()
         return [self.params.of_request(json.loads(request), first + k) for k, request in enumerate(requests)]
+
+    def refused_prompts(self, first: int, ids: list[list[int]], params: list[RowParams], refused: dict[int, str]
+                        ) -> dict[int, str]:
+        """The rows whose prompt no engine should see (`prompt_problem`), by window position: the
+        refused conversations aside, which have no prompt."""
+        found = {}
+        for position, (row, p) in enumerate(zip(ids, params)):
+            if position not in refused:
+                problem = prompt_problem(row, p.max_new_tokens, self.max_model_len, self.vocab_size)
+                if problem:
+                    found[position] = f"row {first + position}: {problem}"
+        return found
 
     def batches(self, window: Window, batch: BatchSettings) -> list[np.ndarray]:
         """Length-sorted batches of rows with equal parameters (and images, or none), n sequences

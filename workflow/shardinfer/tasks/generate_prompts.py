@@ -15,6 +15,12 @@
   turn with the last message's content cut from the left, at a character, so that its end (the
   question) stays; else (4) the rendered ids cut from the left like a text. (2)-(4) count the row
   as truncated.
+- **Checked before any engine sees them** (`prompt_problem`), the same for both engines: a token
+  id the model cannot embed (outside its config's vocab_size: a tokenizer with added tokens and an
+  embedding never resized; vLLM would read a padding row, transformers would raise), and a prompt
+  whose tokens plus the row's max_new_tokens exceed max_length + model.max_new_tokens (possible
+  only where a row asks for more new tokens than the config). Such a row is refused naming it.
+  An empty prompt is not refused: both engines run it as the pad token alone.
 """
 
 from __future__ import annotations
@@ -38,6 +44,20 @@ def prompt_token_ids(tokenizer, prompts: list[str], max_length: int, chat_templa
     for i in truncated:
         ids[i] = cut_left(tokenizer, ids[i], max_length)
     return ids, truncated
+
+
+def prompt_problem(ids: list[int], max_new_tokens: int, max_model_len: int, vocab_size: int | None) -> str | None:
+    """Why a prompt cannot go to an engine, or None: a token id the model has no embedding for, or
+    too many tokens with the new ones (`max_model_len`: max_length + model.max_new_tokens)."""
+    if vocab_size is not None and ids and (max(ids) >= vocab_size or min(ids) < 0):
+        position, token = next((k, t) for k, t in enumerate(ids) if not 0 <= t < vocab_size)
+        return (f"token id {token} (prompt position {position}) is outside the model's vocabulary (its config's "
+                f"vocab_size {vocab_size}: ids 0..{vocab_size - 1}); the tokenizer knows tokens the model cannot embed")
+    length = max(len(ids), 1)  # an empty prompt runs as the pad token alone
+    if length + max_new_tokens > max_model_len:
+        return (f"its {length} prompt tokens + max_new_tokens {max_new_tokens} exceed {max_model_len} "
+                "(model.max_length + model.max_new_tokens)")
+    return None
 
 
 def cut_left(tokenizer, ids: list[int], max_length: int) -> list[int]:
