@@ -16,7 +16,6 @@ import json
 import os
 import random
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +32,7 @@ from factory import (
     read_predictions,
     run_workflow,
     run_workflows,
+    with_unknown_tokens,
 )
 from test_generate import generate_config, run, settings
 
@@ -113,7 +113,8 @@ def probe_command(lm: Path, root: Path) -> list[str]:
     """tests/vllm_probe.py over the same 40 prompts, in a process of its own (no chat template)."""
     (root / "texts.json").write_text(json.dumps(prompt_texts()))
     script = Path(__file__).with_name("vllm_probe.py")
-    return [sys.executable, str(script), str(lm), str(root / "texts.json"), str(root / "out.json")]
+    return [sys.executable, str(script), str(lm), str(root / "texts.json"), str(root / "out.json"),
+            str(with_unknown_tokens(lm, root))]
 
 
 @pytest.fixture(scope="module")
@@ -121,9 +122,10 @@ def everything(lm, lora, tmp_path_factory):
     """All of this module's engine work at once (each run alone keeps about one core busy): real
     `snakemake` runs over 40 prompts (vLLM with chat template, system prompt, stop strings and the
     LoRA over 1 and 2 shards, and over 1 shard with tensor parallel 2 on 2 threads; the
-    transformers engine with the same over 1 shard; a run whose engine fails mid-shard), vLLM
-    sampling over 240 prompts in 3 shards of windows of 16 and in 1 shard of windows of 256, a
-    sampled run whose engine setting is refused, and the probe."""
+    transformers engine with the same over 1 shard), vLLM sampling over 240 prompts in 3 shards of
+    windows of 16 and in 1 shard of windows of 256, a sampled run whose engine setting is refused,
+    prompts with tokens the model cannot embed (recorded on vLLM, over the cap on vLLM, failing the
+    shard on transformers), and the probe."""
     root = tmp_path_factory.mktemp("vllm-runs")
     data = write_prompts(prompt_texts(), root / "prompts.parquet")
     many = write_prompts(sampled_texts(), root / "sampled.parquet")
@@ -140,10 +142,10 @@ def everything(lm, lora, tmp_path_factory):
         planned["sampled", shards][1]["batch"]["sort_window"] = window
     planned["refused", 1] = (root / "refused-1", engine_config(data, lm, 1, "vllm", **SAMPLING, vllm={
         "enable_chunked_prefill": True}))
-    planned["fails", 1] = failing_run(lm, root)
+    planned.update(bad_token_runs(lm, root))
     results = dict(zip(planned, run_workflows(list(planned.values()))))
     for key, result in results.items():
-        assert key[0] in ("fails", "refused") or result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+        assert key in FAILING or result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     probed = probe.finish("the vLLM probe")
     assert probed.returncode == 0, probed.stdout[-3000:] + probed.stderr[-6000:]
     rows = lambda value: isinstance(value, list) and value and isinstance(value[0], list)  # noqa: E731
@@ -312,27 +314,29 @@ def test_what_the_engine_cannot_take_is_refused_in_one_line(lm, tmp_path, sectio
     assert message in refused(run_workflow(tmp_path, config, "-n"), tmp_path)
 
 
-def model_with_unknown_tokens(lm: Path, root: Path) -> Path:
-    """A copy of the tiny Llama whose tokenizer knows two words the model has no embedding for (a
-    tokenizer saved with added tokens and an embedding never resized, as happens): vLLM fails on
-    the first prompt that holds one, in the middle of a shard."""
-    from transformers import AutoTokenizer
-
-    copy = root / "lm-extra-tokens"
-    shutil.copytree(lm, copy)
-    tokenizer = AutoTokenizer.from_pretrained(copy)
-    tokenizer.add_tokens(["zebra", "yak"])
-    tokenizer.save_pretrained(copy)
-    return copy
+BAD_ROWS = {12: "zebra bird", 30: "red cat yak zebra"}  # in the windows of 1, 16, 16 and 7 rows: the second and third
+FAILING = {("capped", 1), ("unembeddable", 1), ("refused", 1)}  # the runs that must fail
 
 
-def failing_run(lm: Path, root: Path) -> tuple[Path, dict]:
-    """One shard whose row 30, in its third window (windows of 1, 16, 16 rows), holds those words."""
+def bad_token_runs(lm: Path, root: Path) -> dict:
+    """One shard over the 40 prompts with rows 12 and 30 holding those words, on the copy: vLLM with
+    row_errors: record, vLLM with at most 1 failed row (capped), and the transformers engine
+    without record (unembeddable)."""
     texts = prompt_texts()
-    texts[30] = "red cat zebra yak"
+    for row, text in BAD_ROWS.items():
+        texts[row] = text
     data = root / "unknown-tokens.parquet"
     pd.DataFrame({"id": [f"p{i}" for i in range(ROWS)], "text": texts}).to_parquet(data, index=False)
-    return root / "fails-1", engine_config(data, model_with_unknown_tokens(lm, root), 1, "vllm")
+    model = with_unknown_tokens(lm, root)
+    runs = {}
+    for name, engine, row_errors in (("recorded", "vllm", {"mode": "record", "max": 0.1}),
+                                     ("capped", "vllm", {"mode": "record", "max": 1}),
+                                     ("unembeddable", "transformers", None)):
+        config = engine_config(data, model, 1, engine)
+        if row_errors:
+            config["row_errors"] = row_errors
+        runs[name, 1] = (root / name, config)
+    return runs
 
 
 def test_an_engine_setting_that_would_crash_sampling_on_cpu_is_refused_in_one_line(everything):
@@ -342,13 +346,91 @@ def test_an_engine_setting_that_would_crash_sampling_on_cpu_is_refused_in_one_li
             "prompt cut across steps (CPU Generator does not use offset); leave it out") in line
 
 
-def test_an_engine_failing_mid_shard_leaves_no_table(everything):
+def greedy_rows(probe) -> list[tuple]:
+    """The probe's greedy rows (one window, nothing fed beside it) as the shard's output columns."""
+    return [tuple(row[:4]) for row in probe["greedy"]]
+
+
+def test_a_token_the_model_cannot_embed_costs_its_row_and_the_engine_is_fed_across_windows(runs, probe, everything):
+    """vLLM, row_errors: record, windows of 1, 16, 16 and 7 rows fed to one engine: exactly rows 12
+    and 30 carry errors naming the token (30's first, 63, is the one vLLM read silently from a
+    padding row), every other row equals the same prompt's greedy row from one window alone; the
+    summary and the terminal name the rows."""
+    workdir = runs["recorded", 1]
+    frame = read_predictions(workdir)
+    assert frame["index"].tolist() == list(range(ROWS))
+    errors = frame.set_index("index")["error"].dropna().to_dict()
+    assert errors == {12: "RowError: row 12: token id 63 (prompt position 1) is outside the model's vocabulary (its "
+                          "config's vocab_size 63: ids 0..62); the tokenizer knows tokens the model cannot embed",
+                      30: "RowError: row 30: token id 64 (prompt position 3) is outside the model's vocabulary (its "
+                          "config's vocab_size 63: ids 0..62); the tokenizer knows tokens the model cannot embed"}
+    assert frame.loc[list(BAD_ROWS), COLUMNS].isna().all().all()
+    good = [row for row in range(ROWS) if row not in BAD_ROWS]
+    expected = greedy_rows(probe)
+    assert rows_of(frame.loc[good]) == [expected[row] for row in good]
+    summary = json.loads((workdir / "results" / "summary.json").read_text())
+    assert summary["per_shard"][0]["row_errors"] == 2 and summary["per_shard"][0]["first_row_errors"] == [12, 30]
+    result = everything[1]["recorded", 1]
+    assert ("WARNING 2 of 40 rows failed (first rows: 12, 30); their `error` column says why: "
+            "results/predictions.parquet") in result.stdout + result.stderr
+
+
+def test_too_many_bad_rows_fail_the_shard_in_one_line_and_leave_no_shard_file(everything):
     workdirs, results, _ = everything
-    workdir = workdirs["fails", 1]
-    line = refused(results["fails", 1], workdir)
-    assert "vLLM failed on rows 17..32" in line and "the shard's table was not written" in line
+    workdir = workdirs["capped", 1]
+    line = refused(results["capped", 1], workdir)
+    assert "shard 0: 2 rows failed, more than row_errors.max allows (1); first rows: 12, 30; first error: row 12: " \
+           "RowError: row 12: token id 63" in line
     shards = workdir / "results" / "shards"
     assert not list(shards.glob("*.parquet")) and not list(shards.glob(".*.partial"))  # no table, no partial file
-    # what stays is windows before row 17 as committed (rows 0 and 1..16), which a rerun keeps
+    # what stays is the windows before row 17 as committed (rows 0 and 1..16), which a rerun keeps
     committed = sorted(p.name for p in (shards / ".0.parquet.windows").glob("*")) if shards.is_dir() else []
     assert committed == ["000000000000.parquet", "000000000001.parquet"][: len(committed)], committed
+
+
+def test_without_record_a_token_the_model_cannot_embed_fails_the_shard_naming_row_and_token(everything):
+    """The transformers engine raised a raw IndexError here; both engines now refuse the row before
+    they see it (the same check)."""
+    workdirs, results, _ = everything
+    line = refused(results["unembeddable", 1], workdirs["unembeddable", 1])
+    assert "row 12: token id 63 (prompt position 1) is outside the model's vocabulary (its config's vocab_size 63" \
+           in line and "(1 such row(s) in this window; fix the input, or set row_errors.mode: record" in line
+
+
+def test_prompts_the_engine_refuses_as_they_are_added_cost_their_rows(probe):
+    """Row 2 longer than max_model_len, row 9 with an id past the tokenizer's: vLLM refuses them as
+    they are added; row 5 was refused before the engine; the other rows of the 4 windows are the
+    greedy ones. Without record the shard fails naming the first."""
+    rows, failed = probe["refused"]
+    assert sorted(map(int, failed)) == [2, 5, 9] and failed["5"] == "RowError: row 5: refused"
+    assert failed["2"].startswith("VLLMValidationError: vLLM refused the prompt (") and "context length" in failed["2"]
+    assert failed["9"].startswith("VLLMValidationError: vLLM refused the prompt (")
+    assert "out of vocabulary" in failed["9"]
+    expected = greedy_rows(probe)
+    assert [tuple(row[:4]) if row else None for row in rows] == [
+        None if row in (2, 5, 9) else expected[row] for row in range(16)]
+    assert probe["refused_fails"].startswith("row 2: VLLMValidationError: vLLM refused the prompt (")
+    assert "set row_errors.mode: record to write such rows as row errors" in probe["refused_fails"]
+
+
+def test_a_row_that_fails_inside_the_engine_is_narrowed_down_to_itself(probe):
+    """Row 6 holds id 64, which the second model's tokenizer knows (so vLLM takes it) and its
+    embedding lacks: the engine's step raises IndexError for all the rows in flight; halves run
+    again until row 6 fails alone, and the others keep the greedy rows (the same weights). Without
+    record the shard fails naming the rows in flight."""
+    rows, failed = probe["narrowed"]
+    assert failed == {"6": "IndexError: index out of range in self"}
+    expected = greedy_rows(probe)
+    assert [tuple(row[:4]) if row else None for row in rows] == [None if r == 6 else expected[r] for r in range(16)]
+    assert re.match(r"vLLM failed on rows 0\.\.\d+ \(IndexError: index out of range in self\); the shard's table was "
+                    "not written", probe["inside_fails"])
+
+
+def test_an_engine_that_dies_is_started_again_once(probe):
+    """Shut down under the loop with rows in flight: started again, those rows rerun, the same rows;
+    shut down again after that, the shard fails in one line."""
+    rows, failed = probe["restarted"]
+    assert not failed and probe["restarts"] == 1
+    assert [tuple(row[:4]) for row in rows] == greedy_rows(probe)
+    assert probe["died_twice"].startswith("the vLLM engine died a second time in this shard (")
+    assert "its committed windows are kept for a rerun" in probe["died_twice"]

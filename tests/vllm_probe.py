@@ -1,11 +1,13 @@
 """Task generate on vLLM's engine, driven as the shard runner drives it, in a process of its own
 (the in-process engine binds the process's CPU threads and stays loaded, so not in pytest's):
 
-    PYTHONPATH=workflow:tests:scripts python tests/vllm_probe.py <model dir> <texts.json> <out.json>
+    PYTHONPATH=workflow:tests:scripts python tests/vllm_probe.py <model dir> <texts.json> <out.json> <model dir 2>
 
 Writes, for the texts: greedy rows, sampled rows as one window, sampled rows in reversed windows
 (each row at its own global index), a subset alone, and another seed; each row as the task's
-output columns. tests/test_vllm.py compares them.
+output columns. Then the engine loop's failures (`fed_failures`): prompts the engine refuses as
+they are added, a row that fails inside the engine (on the second model, whose tokenizer knows
+ids its embedding lacks), and an engine that dies once, then twice. tests/test_vllm.py compares them.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 SAMPLING = {"do_sample": True, "temperature": 1.3, "top_p": 0.95, "seed": 7}
 
 
-def main(model: str, texts_path: str, out_path: str) -> None:
+def main(model: str, texts_path: str, out_path: str, unknown_tokens_model: str) -> None:
     import torch
 
     from shardinfer.tasks.base import LoadContext
@@ -43,7 +45,7 @@ def main(model: str, texts_path: str, out_path: str) -> None:
                                           "half": half, "subset": subset, "other_seed": other_seed,
                                           "generated_tokens": task.finish()["generated_tokens"], "empty": empty,
                                           "empty_transformers": empty_transformers, "bad_start": bad_start(model),
-                                          **engine_facts()}))
+                                          **engine_facts(), **fed_failures(task, texts, unknown_tokens_model)}))
 
 
 def bad_start(model: str) -> str | None:
@@ -82,6 +84,113 @@ def with_an_empty_prompt(task) -> list:
     return list(zip(*(column.to_pylist() for column in columns)))
 
 
+def through_feed(task, windows: list, record: bool = True, kill_before: tuple[int, ...] = ()) -> tuple[list, dict]:
+    """Windows (`Window`s) through the task's engine loop as a shard job feeds them: a window is
+    ready at one call in three while the engine works (as a tokenizer still busy would leave it),
+    so windows join an engine with rows in flight. Returns each row's output columns (None for a
+    failed row) and the failed rows by global index. The engine is shut down before window k is
+    handed over, for k in `kill_before`, as a worker that dies would leave it."""
+    import numpy as np
+    import pyarrow as pa
+    import torch
+
+    from shardinfer.config import BatchSettings
+    from shardinfer.shard.device_loop import prepare_batches
+    from shardinfer.tasks.base import NOT_YET
+
+    items = [(w, w, prepare_batches(task, w, pa.table({}), BatchSettings(10_000, 4, 64)).batches) for w in windows]
+    calls, given = [0], [0]
+
+    def take(wait: bool):
+        calls[0] += 1
+        if not wait and calls[0] % 3:
+            return NOT_YET
+        if given[0] == len(items):
+            return None
+        if given[0] in kill_before:
+            kill(task)
+        given[0] += 1
+        return items[given[0] - 1]
+
+    rows, failed = [], {}
+    with torch.inference_mode():
+        for window, results, bad in task.feed(take, record):
+            ok = [p for p in range(window.rows) if p not in bad]
+            columns = task.to_arrow(results, np.asarray(ok) + window.first)
+            done = dict(zip(ok, zip(*(column.to_pylist() for column in columns))))
+            rows += [done.get(p) for p in range(window.rows)]
+            failed.update({window.first + p: why for p, why in bad.items()})
+    return rows, failed
+
+
+def windows_of(task, texts: list[str], size: int, edit=None) -> list:
+    """The texts as the task prepares them, in windows of `size` rows; `edit(row, ids)` may change a
+    row's prompt ids afterwards (as no check would let through) or return None to keep them."""
+    import dataclasses
+
+    import pyarrow as pa
+
+    windows = []
+    for first in range(0, len(texts), size):
+        window = task.prepare(first, pa.table({"text": texts[first:first + size]}))
+        ids = [(edit and edit(first + p, row)) or row for p, row in enumerate(window.data.ids)]
+        windows.append(dataclasses.replace(window, data=dataclasses.replace(window.data, ids=ids)))
+    return windows
+
+
+def one_line(call) -> str | None:
+    from shardinfer.errors import UserError
+
+    try:
+        call()
+    except UserError as error:
+        return str(error)
+    return None
+
+
+def fed_failures(task, texts: list[str], unknown_tokens_model: str) -> dict:
+    """The engine loop's failures, each against the greedy rows: prompts vLLM refuses as they are
+    added (row 2 longer than max_model_len, row 9 with an id past the tokenizer's, over 4 windows),
+    a row the workflow refused before (row 5); a row that fails inside the engine's step (row 6,
+    id 64: the second model's tokenizer knows it, its embedding of 64 rows does not), narrowed down
+    by halves; an engine shut down under the loop with rows in flight (started again once: the same
+    rows), and again after its restart."""
+    import dataclasses
+
+    import torch
+
+    from shardinfer.tasks.base import LoadContext
+    from shardinfer.tasks.vllm.task import VllmGenerate
+    from test_generate import settings
+
+    def refusals(row, ids):
+        return {2: [ids[0]] + [10] * 39, 9: [*ids, 64]}.get(row)
+
+    windows = windows_of(task, texts[:16], 4, refusals)
+    refused_before = dataclasses.replace(windows[1].data, refused={1: "row 5: refused"})
+    windows[1] = dataclasses.replace(windows[1], data=refused_before)
+    refused = through_feed(task, windows)
+    refused_fails = one_line(lambda: through_feed(task, windows_of(task, texts[:16], 4, refusals), record=False))
+    restarted = through_feed(task, windows_of(task, texts, 4), kill_before=(3,))
+    restarts = task.restarts
+    died_twice = one_line(lambda: through_feed(task, windows_of(task, texts, 4), kill_before=(2, 6)))
+    kill(task)  # its engine's parallel state is the process's: one engine at a time
+    other = VllmGenerate.load(LoadContext(settings(unknown_tokens_model, engine="vllm"), torch.device("cpu"),
+                                          torch.float32))
+    def inside(row, ids):
+        return [*ids, 64] if row == 6 else None
+
+    narrowed = through_feed(other, windows_of(other, texts[:16], 4, inside))
+    inside_fails = one_line(lambda: through_feed(other, windows_of(other, texts[:16], 4, inside), record=False))
+    return {"refused": refused, "refused_fails": refused_fails, "restarted": restarted, "restarts": restarts,
+            "died_twice": died_twice, "narrowed": narrowed, "inside_fails": inside_fails}
+
+
+def kill(task) -> None:
+    """The engine shut down under the loop, as a worker that dies leaves it: every step fails."""
+    task.engine.llm_engine.engine_core.shutdown()
+
+
 def engine_facts() -> dict:
     """What the workflow assumes of this vLLM: the LoRA ranks it allows, and the names of the
     engine arguments the workflow sets."""
@@ -96,4 +205,4 @@ def engine_facts() -> dict:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])

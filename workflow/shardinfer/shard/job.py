@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import time
 from collections.abc import Iterator
 
@@ -30,10 +31,10 @@ from shardinfer.hf.tokens import check_token_file, token_identity
 from shardinfer.hf.transformers_import import hide_sklearn_from_transformers
 from shardinfer.input.parts import windows
 from shardinfer.plan import Plan, read_plan
-from shardinfer.shard.device_loop import RowErrors, predict_window, prepare_batches
+from shardinfer.shard.device_loop import Prepared, RowErrors, predict_window, prepare_batches
 from shardinfer.shard.file_layout import shard_identity, shard_layout
 from shardinfer.shard.pieces import shard_pieces
-from shardinfer.shard.pipeline import Pipeline
+from shardinfer.shard.pipeline import NOT_YET, Pipeline
 from shardinfer.shard.progress import Progress
 from shardinfer.shard.resume import assemble, keep_committed, left_for_rerun, remove_windows, windows_folder
 from shardinfer.shard.row_files import staged_files
@@ -42,6 +43,7 @@ from shardinfer.shard.stats import Tally, WindowCost
 from shardinfer.shard.stop import Terminated, stop_on_signals
 from shardinfer.shard.writer import Writer, Written
 from shardinfer.tasks import engine_class
+from shardinfer.tasks.base import NOT_YET as NOT_READY
 
 log = logging.getLogger(__name__)
 
@@ -121,16 +123,47 @@ def stream_windows(pipeline: Pipeline, job: ShardJob, plan: Plan, runtime: Runti
         "read", read_windows(job, plan, from_row))))
     output = pipeline.sink("write", write)
     try:
-        for window, cost in pipeline.drain("device", prepared):
-            results = predict_window(task, window, runtime.device, errors)
-            failed = errors.take_window() if errors is not None else {}
+        for window, cost, results, failed in device_results(pipeline, prepared, runtime, errors):
             pipeline.put(output, Written(window.window.first, window.keep, results, failed, cost,
                                          errors.stats() if errors is not None else {}, task.finish()))
-    except Terminated:  # commit the windows already predicted; the one on the device is lost
+    except Terminated:  # commit the windows already predicted; those on the device are lost
         pipeline.finish_sink(output)
         raise
     pipeline.finish(output)
     log.info("%s", pipeline.report())
+
+
+def device_results(pipeline: Pipeline, prepared: queue.Queue, runtime: Runtime, errors: RowErrors | None
+                   ) -> Iterator[tuple[Prepared, WindowCost, dict, dict[int, str]]]:
+    """Each window's results in order, with its failed rows (row_errors: record): one window at a
+    time through the device loop, or, for a task that `feeds_engine`, all windows as one stream
+    (`Task.feed`) that takes the next window without waiting while its engine has work."""
+    task = runtime.task
+    if not task.feeds_engine:
+        for window, cost in pipeline.drain("device", prepared):
+            results = predict_window(task, window, runtime.device, errors)
+            yield window, cost, results, errors.take_window() if errors is not None else {}
+        return
+    feed = pipeline.feed("device", prepared)
+
+    def take(wait: bool):
+        item = feed.take(wait)
+        if item is NOT_YET:
+            return NOT_READY
+        if item is None:
+            return None
+        (window, cost) = item
+        return (window, cost), window.window, window.batches
+
+    try:
+        for (window, cost), results, failed in task.feed(take, errors is not None):
+            if errors is not None:
+                for position, message in failed.items():
+                    errors.record(window.window.first + position, position, message)
+                failed = errors.take_window()
+            yield window, cost, results, failed
+    finally:
+        feed.end()
 
 
 def write_empty_shard(job: ShardJob, plan: Plan, began: float) -> dict:

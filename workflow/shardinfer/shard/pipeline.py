@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 _DONE = object()
 _POLL_S = 0.1
+NOT_YET = object()  # `Feed.take(wait=False)`: the next item is not ready
 
 
 class Stopped(Exception):
@@ -109,6 +110,11 @@ class Pipeline:
         except Stopped:
             self._raise_failure()
 
+    def feed(self, name: str, inbox: queue.Queue) -> Feed:
+        """Items for the main thread that it takes when it wants, waiting or not (an engine that
+        steps while the next window is still being prepared); see `Feed`."""
+        return Feed(self, self.stage(name), inbox)
+
     def put(self, outbox: queue.Queue, item) -> None:
         """Hand an item from the main thread to a sink (waits while the sink is behind)."""
         started = time.perf_counter()
@@ -199,3 +205,39 @@ class Pipeline:
             except queue.Full:
                 pass
         raise Stopped()
+
+
+class Feed:
+    """The main thread's inbox, taken at its own pace: `take(wait=False)` answers NOT_YET when
+    nothing is ready, so a loop that has other work (an engine to step) never blocks on the stage
+    before it. Its stage's work is the main thread's time between `start` and `end` but for its
+    waits here and in `Pipeline.put`."""
+
+    def __init__(self, pipeline: Pipeline, stage: Stage, inbox: queue.Queue) -> None:
+        self.pipeline, self.stage, self.inbox = pipeline, stage, inbox
+        self.started, self.blocked, self.done = time.perf_counter(), pipeline.blocked_s, False
+
+    def take(self, wait: bool):
+        """The next item; None once every item was taken; NOT_YET when `wait` is false and none is ready."""
+        if self.done:
+            return None
+        started = time.perf_counter()
+        try:
+            item = self.pipeline._get(self.inbox) if wait else self.inbox.get_nowait()
+        except queue.Empty:
+            if self.pipeline.stop.is_set():  # a stage failed: say so now, not once the engine is idle
+                self.pipeline._raise_failure()
+            return NOT_YET
+        except Stopped:
+            self.pipeline._raise_failure()
+        finally:
+            self.stage.waited_s += time.perf_counter() - started
+        if item is _DONE:
+            self.done = True
+            return None
+        return item
+
+    def end(self) -> None:
+        """Count the main thread's work since `started`."""
+        spent = time.perf_counter() - self.started - (self.pipeline.blocked_s - self.blocked)
+        self.stage.busy_s = max(0.0, spent - self.stage.waited_s)

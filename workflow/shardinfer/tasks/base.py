@@ -9,7 +9,7 @@ about the task:
     results = task.predict(batch)              # -> {name: per-row values}, first axis = rows
     columns = task.to_arrow(results, index)    # the window's results, in row order -> Arrow
     # (`task.batches(window, settings)` cuts the window; an engine that schedules rows itself
-    # takes it whole)
+    # takes it whole, and one that `feeds_engine` takes all the windows as one stream: `feed`)
 
 Before any job, when the Snakefile loads, two classmethods that import no torch: `Task.inputs`
 (the columns it reads, for the plan's scan) and `Task.check_settings` (its one-line refusals).
@@ -36,6 +36,7 @@ checks import them to read their columns and settings, and stay free of torch.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -46,6 +47,8 @@ from shardinfer.batching import length_sorted_batches, padded_tokens
 from shardinfer.config import BatchSettings, Settings
 from shardinfer.contract.shard_file import OutputType
 from shardinfer.errors import UserError
+
+NOT_YET = object()  # a window source's answer to `take(wait=False)` when the next window is not ready (`Task.feed`)
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,9 @@ class Task:
     own_batches: ClassVar[bool] = False
     # The setting `devices` reads, named where too few devices are found for it ("" when none).
     devices_setting: ClassVar[str] = ""
+    # Whether its engine takes the shard's windows as one stream (`feed`: vLLM, kept full across
+    # windows) rather than one window at a time through `predict`.
+    feeds_engine: ClassVar[bool] = False
 
     @classmethod
     def load(cls, context: LoadContext) -> Task:
@@ -195,6 +201,14 @@ class Task:
     def predict(self, batch: Any) -> dict[str, Any]:
         """Per-row results of one batch: tensors (left on the device; the runner copies them back
         after queuing the next batch), arrays, or lists of any values (ragged ids, strings, bytes)."""
+        raise NotImplementedError
+
+    def feed(self, take: Callable[[bool], Any], record: bool) -> Iterator[tuple[Any, dict, dict[int, str]]]:
+        """An engine that runs the shard's windows as one stream (`feeds_engine`). `take(wait)` gives
+        the next (key, window, batches as `collate` built them), NOT_YET when none is ready and
+        `wait` is false, None after the last. Yields per window, in order: (key, the results of its
+        rows that did not fail, in row order, its failed rows: position -> "Type: message"); with
+        `record` false a failed row fails the shard (a UserError naming it) instead."""
         raise NotImplementedError
 
     def to_arrow(self, results: dict[str, np.ndarray | list], index: np.ndarray) -> list[pa.Array]:

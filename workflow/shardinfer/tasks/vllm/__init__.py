@@ -11,14 +11,23 @@ is judged. What the engine gets:
   one image token per image and its decoded images as `multi_modal_data`, which vLLM expands
   itself; its output's prompt ids must equal the model processor's expansion, which the
   transformers engine runs.
-- **Whole windows.** Each window of `batch.sort_window` rows is one `enqueue` of token-id prompts
-  (`{"prompt_token_ids": ...}`), and the engine schedules them itself; `batch.max_tokens` and
-  `max_rows` do not apply (`generate.vllm.max_num_seqs` and `max_num_batched_tokens` do). The
-  pipeline reads, tokenizes and writes the windows around it in background threads.
-- **Exactly once, checked.** Each row's request id comes back from `enqueue`; every output is
-  matched to its row by that id, and a row missing, returned twice, with other prompt ids than
-  were sent, or ended otherwise than eos, length or stop (`abort`, `error`, ...) fails the shard
-  in one line naming the row. The shard file is written only when its last window holds.
+- **One stream of requests, kept full.** Each row is one request of token ids
+  (`{"prompt_token_ids": ...}`) added to the engine by one loop over the shard's windows
+  (`feeder`): the next window's rows join while the current window's last rows finish, so the
+  engine does not drain at a window's end, and windows still come out whole and in order, to be
+  written and committed one by one (resume as before). `batch.max_tokens` and `max_rows` do not
+  apply (`generate.vllm.max_num_seqs` and `max_num_batched_tokens` do). The pipeline reads,
+  tokenizes and writes the windows around it in background threads.
+- **A bad prompt costs its row.** The prompts are checked before the engine sees them (as for the
+  transformers engine: `generate_prompts.prompt_problem`); a request the engine refuses as it is
+  added, or ends with finish_reason `error`, fails its row alone; a failure inside the engine is
+  narrowed to the rows that fail alone, and an engine that dies is started again once
+  (`feeder`). With `row_errors: record` such rows are error rows, otherwise the shard fails in
+  one line naming the row.
+- **Exactly once, checked.** Every output is matched to its row by its request id, and a row
+  missing, returned twice, with other prompt ids than were sent, or ended otherwise than eos,
+  length or stop fails the shard in one line naming the row. The shard file is written only when
+  its last window holds.
 - **One SamplingParams per row**, from its parameters: `seed=row_seed(generate.seed, global row
   index)`, so a row's samples depend on its prompt, the seed and its index, not on the rows beside
   it in the engine; `n` (vLLM seeds sample j with seed + j: sample 0 is the n = 1 sample);
@@ -33,7 +42,8 @@ is judged. What the engine gets:
 
 Its modules: `checks` (what is refused before any job runs, the devices an engine spans, and the
 engine's identity in the shard digest), `engine` (the engine's arguments and start), `parallel`
-(the devices it spans: its workers' GPUs or CPU cores), `task` (the task on the engine) and
-`matching` (each output to its row, checked). They import vLLM inside their functions only: the
-config checks read its settings without it.
+(the devices it spans: its workers' GPUs or CPU cores), `task` (the task on the engine), `feeder`
+(the loop between the windows and the engine) and `matching` (each output as the row's results,
+checked). They import vLLM inside their functions only: the config checks read its settings
+without it.
 """

@@ -1,6 +1,6 @@
 """vLLM's offline engine in the shard job's process: its arguments (the workflow's own, the
-device's defaults, then the user's `generate.vllm`), its environment, its start and its progress
-lines in the shard log. The devices it spans: `shardinfer.tasks.vllm.parallel`.
+device's defaults, then the user's `generate.vllm`), its environment and its start. The devices it
+spans: `shardinfer.tasks.vllm.parallel`.
 """
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
 
 from shardinfer.config import ModelSettings
 from shardinfer.errors import UserError, first_line
@@ -140,30 +139,3 @@ def start_engine(context: LoadContext):
              {k: v for k, v in arguments.items() if k not in ("model", "tokenizer")})
     log.info("the engine spans %s", spans)
     return engine, seconds
-
-
-class EngineProgress:
-    """What vLLM's offline loop asks of the tqdm bar it is given (`update`, `n`, `postfix`,
-    `format_dict`, `refresh`, `close`), logged as a line per interval instead of drawn: progress
-    inside a window, which the shard's own progress counts only once written."""
-
-    def __init__(self, total: int = 0, interval_s: float = 30.0, **_: Any) -> None:
-        self.total, self.n, self.interval_s, self.postfix = total, 0, interval_s, ""
-        self.started = self.logged = time.perf_counter()
-
-    @property
-    def format_dict(self) -> dict:
-        return {"elapsed": max(time.perf_counter() - self.started, 1e-9)}
-
-    def update(self, n: int = 1) -> None:
-        self.n += n
-        if time.perf_counter() - self.logged >= self.interval_s and self.n < self.total:
-            self.logged = time.perf_counter()
-            log.info("engine: %d/%d prompts of this window done, %.1f prompts/s", self.n, self.total,
-                     self.n / self.format_dict["elapsed"])
-
-    def refresh(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass

@@ -1,12 +1,11 @@
-"""The engine's outputs matched to the rows that were sent, by request id, each checked: one per
-row, none missing or twice, the prompt ids that were sent, the n completions asked (indices 0..n-1),
-each ended by eos, length or stop. Any other answer fails the shard in one line naming the row.
-Log-probabilities are read into the shape both engines give (`generate_logprobs.SampleLogprobs`).
+"""The engine's outputs as the task's results, each checked against its row (the engine loop,
+`shardinfer.tasks.vllm.feeder`, matched them to their rows by request id, none missing or twice):
+the prompt ids that were sent, the n completions asked (indices 0..n-1), each ended by eos, length
+or stop. Any other answer fails the shard in one line naming the row. Log-probabilities are read
+into the shape both engines give (`generate_logprobs.SampleLogprobs`).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 
@@ -16,34 +15,22 @@ from shardinfer.tasks.generate_logprobs import SampleLogprobs
 from shardinfer.tasks.generate_params import RowParams
 
 
-def matched_results(request_ids: list[str], outputs: list, ids: list, index: list[int], eos_ids: list[int],
-                    params: list[RowParams]) -> dict:
-    """The engine's outputs in the rows' order, each checked: one per request id, none missing or
-    twice, the prompt ids that were sent, the row's n completions, each ended by eos, length or stop."""
-    if len(request_ids) != len(ids):
-        raise UserError(f"vLLM accepted {len(request_ids)} of {len(ids)} prompts (rows {index[0]}..{index[-1]})")
-    position = {external_id(rid): p for p, rid in enumerate(request_ids)}
-    if len(position) != len(ids):
-        raise UserError(f"vLLM gave {len(ids)} prompts {len(position)} distinct request ids "
-                        f"(rows {index[0]}..{index[-1]})")
-    found: list[Any] = [None] * len(ids)
-    for output in outputs:
-        p = position.get(output.request_id)
-        if p is None:
-            raise UserError(f"vLLM returned an output for request {output.request_id!r}, which this shard did not send")
-        if found[p] is not None:
-            raise UserError(f"vLLM returned row {index[p]} twice")
-        found[p] = output
-    missing = [index[p] for p, output in enumerate(found) if output is None]
-    if missing:
-        raise UserError(f"vLLM returned no output for {len(missing)} row(s), first {missing[:5]}")
+def rows_results(outputs: list, ids: list, index: list[int], eos_ids: list[int], params: list[RowParams]) -> dict:
+    """The task's results of rows whose outputs are matched already (`outputs[p]` is row p's), each
+    checked: the prompt ids that were sent, the row's n completions, each ended by eos, length or stop."""
     completions = []
-    for p, output in enumerate(found):
+    for p, output in enumerate(outputs):
         if list(output.prompt_token_ids) != list(map(int, ids[p])):
             raise UserError(f"row {index[p]}: vLLM ran other prompt token ids than were sent")
         completions.append(row_completions(output.outputs, params[p], eos_ids, index[p]))
     prompt_tokens = np.fromiter((len(row) for row in ids), dtype=np.int32, count=len(ids))
     return {"n_prompt_tokens": prompt_tokens, "completions": completions, "params": list(params)}
+
+
+def engine_refused(output) -> bool:
+    """Whether the engine ended a request with an error of its own (finish_reason `error`: a grammar
+    it could not compile or follow for this row, ...): the row's failure, not a result."""
+    return any(completion.finish_reason == "error" for completion in output.outputs)
 
 
 def row_completions(outputs: list, params: RowParams, eos_ids: list[int], row: int) -> list[Completion]:
@@ -76,13 +63,6 @@ def sample_logprobs(positions, tokens: np.ndarray, k: int, row: int) -> SampleLo
         top_ids[step] = [token_id for *_, token_id in ranked[:k]]
         top_values[step] = [-value for _, value, _ in ranked[:k]]
     return SampleLogprobs(chosen, top_ids, top_values)
-
-
-def external_id(request_id: str) -> str:
-    """The id an output carries for a request `enqueue` named: vLLM adds `-` and 8 random
-    characters to its own counter's id inside the engine (unless VLLM_DISABLE_REQUEST_ID_RANDOMIZATION)."""
-    head, dash, tail = request_id.rpartition("-")
-    return head if dash and len(tail) == 8 else request_id
 
 
 def finish_code(reason: str | None, stop_reason, eos_ids: list[int], stops, row: int) -> int:

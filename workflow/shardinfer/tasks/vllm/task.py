@@ -1,12 +1,17 @@
 """Task generate on vLLM's engine (`shardinfer.tasks.vllm` says what it keeps of the transformers
-engine and what the engine gets): whole windows in one enqueue, one seed per row, every output
-matched to its row (`shardinfer.tasks.vllm.matching`).
+engine and what the engine gets): the shard's windows fed to one engine loop, a request per row
+(`shardinfer.tasks.vllm.feeder`), one seed per row, every output checked against its row
+(`shardinfer.tasks.vllm.matching`).
 """
 
 from __future__ import annotations
 
+import gc
 import hashlib
+import logging
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -23,8 +28,10 @@ from shardinfer.tasks.vllm.checks import (
     generation_to_vllm,
     vllm_version,
 )
-from shardinfer.tasks.vllm.engine import EngineProgress, start_engine
-from shardinfer.tasks.vllm.matching import matched_results
+from shardinfer.tasks.vllm.engine import start_engine
+from shardinfer.tasks.vllm.feeder import Feeder
+
+log = logging.getLogger(__name__)
 
 
 def row_seed(seed: int, index: int) -> int:
@@ -38,10 +45,12 @@ class VllmGenerate(Generate):
 
     own_batches = True
     devices_setting = SPANS_SETTING
+    feeds_engine = True
 
     def __init__(self, engine, tokenizer, context: LoadContext, generation_config: dict, start_s: float = 0.0) -> None:
         super().__init__(None, tokenizer, tokenizer.pad_token_id or 0, context, generation_config.get("eos_token_id"))
-        self.engine, self.start_s = engine, start_s
+        self.engine, self.start_s, self.context = engine, start_s, context
+        self.restarts = 0
         self.sampling_defaults = generation_to_vllm(generation_config, context.settings.model.path)
         if "min_tokens" in self.sampling_defaults:  # model.generate's min_new_tokens never outlasts max_new_tokens
             self.sampling_defaults["min_tokens"] = min(int(self.sampling_defaults["min_tokens"]), self.max_new_tokens)
@@ -52,9 +61,6 @@ class VllmGenerate(Generate):
     def check_settings(cls, settings) -> None:
         """Task generate's checks, then the engine's: installed, and what it is handed it can take."""
         super().check_settings(settings)
-        if settings.row_errors.record:
-            raise UserError("row_errors.mode: record is not supported with generate.engine: vllm, whose engine "
-                            "takes a window of rows whole; use row_errors.mode: fail or generate.engine: transformers")
         check_vllm_settings(settings.model.path, settings.model.adapter, settings.task_settings)
 
     @classmethod
@@ -83,7 +89,8 @@ class VllmGenerate(Generate):
     def finish(self) -> dict:
         """Beside generated_tokens: the engine's start-up and the build this job ran (the digest has
         the one where Snakemake loaded the workflow)."""
-        return {**super().finish(), "engine_start_s": round(self.start_s, 3), "engine": vllm_version()}
+        return {**super().finish(), "engine_start_s": round(self.start_s, 3), "engine": vllm_version(),
+                "engine_restarts": self.restarts}
 
     def check(self) -> None:
         """vLLM refuses what it cannot load (an architecture it lacks, missing weights) when it starts."""
@@ -106,13 +113,14 @@ class VllmGenerate(Generate):
 
     def collate(self, window: Window, positions: np.ndarray) -> dict:
         """The rows' prompt ids (an empty prompt as the pad token alone, as the transformers engine
-        runs it: vLLM refuses an empty prompt), global indices and parameters, and their images
-        (None for a row without)."""
+        runs it: vLLM refuses an empty prompt), global indices, parameters, their images (None for a
+        row without) and the refused rows' reasons (by position)."""
         rows: PromptRows = window.data
         return {"ids": [rows.ids[p] if len(rows.ids[p]) else [self.pad_id] for p in positions],
                 "index": (window.first + np.asarray(positions, dtype=np.int64)).tolist(),
                 "params": [rows.params[p] for p in positions],
-                "images": [rows.images[p] if rows.images is not None else None for p in positions]}
+                "images": [rows.images[p] if rows.images is not None else None for p in positions],
+                "refused": {k: rows.refused[p] for k, p in enumerate(positions) if p in rows.refused}}
 
     def sampling_params(self, params: RowParams, index: int):
         """A row's SamplingParams: its n samples seeded row_seed + j (vLLM seeds sample j so), its
@@ -126,30 +134,30 @@ class VllmGenerate(Generate):
                               structured_outputs=structured_params(params.structured),
                               **(sampled if params.do_sample else {"temperature": 0.0}), **self.sampling_defaults)
 
+    def feed(self, take: Callable[[bool], Any], record: bool) -> Iterator[tuple[Any, dict, dict[int, str]]]:
+        """The shard's windows through one engine loop (`feeder`), kept full across windows."""
+        return Feeder(self, record).run(take)
+
     def predict(self, batch: dict) -> dict:
-        """One enqueue of the batch's prompts; every output matched to its row by request id."""
-        ids, index, params = batch["ids"], batch["index"], batch["params"]
-        prompts = [engine_prompt(row, images) for row, images in zip(ids, batch["images"])]
-        from vllm import RequestOutput
-        from vllm.exceptions import VLLMError
+        """One window alone in the engine, drained before it returns (no window fed beside it)."""
+        rows = len(batch["ids"])
+        window = Window(int(batch["index"][0]) if rows else 0, np.zeros(rows, dtype=np.int64), None)
+        items = iter([((), window, [(np.arange(rows), batch)])])
+        (_, results, _), = Feeder(self, record=False).run(lambda wait: next(items, None))
+        return results
 
+    def restart_engine(self) -> None:
+        """A new engine in place of one that died: the old one shut down and released first."""
+        old, self.engine = self.engine, None
         try:
-            sampling = [self.sampling_params(p, i) for p, i in zip(params, index)]
-            request_ids = self.engine.enqueue(prompts, sampling, lora_request=self.lora, use_tqdm=False)
-            outputs = self.engine.wait_for_completion(RequestOutput, use_tqdm=EngineProgress)
-        except (VLLMError, RuntimeError, ValueError, IndexError, KeyError, TypeError) as error:
-            raise UserError(f"vLLM failed on rows {index[0]}..{index[-1]} ({type(error).__name__}: "
-                            f"{first_line(error)}); the shard's table was not written") from error
-        return matched_results(request_ids, outputs, ids, index, self.eos_ids, params)
-
-
-def engine_prompt(ids: list[int], images) -> dict:
-    """A row's prompt for the engine: its ids, or with images (`generate_images.ImageRow`) the ids
-    with one image token per image and the images, which vLLM expands itself (the row's `ids`, as
-    the processor expanded them, are what its output must show it ran)."""
-    if images is None:
-        return {"prompt_token_ids": list(map(int, ids))}
-    return {"prompt_token_ids": list(map(int, images.placeholder_ids)), "multi_modal_data": {"image": images.pictures}}
+            old.llm_engine.engine_core.shutdown()
+        except Exception as error:  # noqa: BLE001 - a dead engine may fail to shut down cleanly
+            log.warning("shutting the dead engine down failed (%s: %s)", type(error).__name__, first_line(error))
+        del old
+        gc.collect()
+        self.engine, seconds = start_engine(self.context)
+        self.start_s += seconds
+        self.restarts += 1
 
 
 def structured_params(spec: dict | None):
