@@ -22,6 +22,10 @@ are compared before any number is printed.
 with a toy task whose predict raises on chosen rows: extra predict calls and rows predicted again
 per failed row, against the bound 2·log2(batch rows), for a few failure rates.
 
+`--task vllm-feed` (scripts/benchmark_feed.py): the vLLM shard job, its engine fed across
+windows, against one bare `LLM.generate` over all its prompts at two window sizes, and the time
+10 bad prompts in 1,000 add.
+
 `--task generate` runs the shard job on a causal LM (greedy) against one `model.generate` call
 per row (on the first `--naive-rows` rows) and against unsorted fixed batches of 8 (left padding),
 same prompts, same max_new_tokens, same dtype, and compares their texts row by row. The random
@@ -713,7 +717,8 @@ def bench_row_errors(args: argparse.Namespace, work: Path) -> None:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--task", default="classify", choices=["classify", "generate", "row-errors", "parallel"])
+    parser.add_argument("--task", default="classify",
+                        choices=["classify", "generate", "row-errors", "parallel", "vllm-feed"])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--shape", default=None, choices=sorted(SHAPES))
     parser.add_argument("--rows", type=int, default=None, help="default 2000 (classify); generate 300 (CPU), 600 (GPU)")
@@ -738,6 +743,8 @@ def parse_args() -> argparse.Namespace:
                              "shard job and bare vLLM with the same SamplingParams (scripts/generate_variants.py)")
     parser.add_argument("--vllm-args", type=json.loads, default={},
                         help='generate: generate.vllm for the vLLM variants, as JSON (e.g. \'{"max_num_seqs": 128}\')')
+    parser.add_argument("--bad-rows", type=int, default=10,
+                        help="vllm-feed: prompts holding a token the model cannot embed")
     parser.add_argument("--child", choices=["shard", "bare"], help=argparse.SUPPRESS)
     parser.add_argument("--child-settings", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", help=argparse.SUPPRESS)
@@ -758,8 +765,10 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("shardinfer.shard.job").setLevel(logging.INFO)
     work = Path(tempfile.mkdtemp(prefix="shardinfer-bench-"))
-    bench = {"generate": bench_generate, "row-errors": bench_row_errors, "parallel": bench_parallel}.get(
-        args.task, bench_classify)
+    from benchmark_feed import bench_feed
+
+    bench = {"generate": bench_generate, "row-errors": bench_row_errors, "parallel": bench_parallel,
+             "vllm-feed": bench_feed}.get(args.task, bench_classify)
     bench(args, work)
 
 

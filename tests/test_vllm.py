@@ -401,7 +401,7 @@ def test_prompts_the_engine_refuses_as_they_are_added_cost_their_rows(probe):
     """Row 2 longer than max_model_len, row 9 with an id past the tokenizer's: vLLM refuses them as
     they are added; row 5 was refused before the engine; the other rows of the 4 windows are the
     greedy ones. Without record the shard fails naming the first."""
-    rows, failed = probe["refused"]
+    rows, failed = probe["refused"]["rows"], probe["refused"]["failed"]
     assert sorted(map(int, failed)) == [2, 5, 9] and failed["5"] == "RowError: row 5: refused"
     assert failed["2"].startswith("VLLMValidationError: vLLM refused the prompt (") and "context length" in failed["2"]
     assert failed["9"].startswith("VLLMValidationError: vLLM refused the prompt (")
@@ -418,7 +418,7 @@ def test_a_row_that_fails_inside_the_engine_is_narrowed_down_to_itself(probe):
     embedding lacks: the engine's step raises IndexError for all the rows in flight; halves run
     again until row 6 fails alone, and the others keep the greedy rows (the same weights). Without
     record the shard fails naming the rows in flight."""
-    rows, failed = probe["narrowed"]
+    rows, failed = probe["narrowed"]["rows"], probe["narrowed"]["failed"]
     assert failed == {"6": "IndexError: index out of range in self"}
     expected = greedy_rows(probe)
     assert [tuple(row[:4]) if row else None for row in rows] == [None if r == 6 else expected[r] for r in range(16)]
@@ -429,7 +429,7 @@ def test_a_row_that_fails_inside_the_engine_is_narrowed_down_to_itself(probe):
 def test_an_engine_that_dies_is_started_again_once(probe):
     """Shut down under the loop with rows in flight: started again, those rows rerun, the same rows;
     shut down again after that, the shard fails in one line."""
-    rows, failed = probe["restarted"]
+    rows, failed = probe["restarted"]["rows"], probe["restarted"]["failed"]
     assert not failed and probe["restarts"] == 1
     assert [tuple(row[:4]) for row in rows] == greedy_rows(probe)
     assert probe["died_twice"].startswith("the vLLM engine died a second time in this shard (")

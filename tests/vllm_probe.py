@@ -84,7 +84,7 @@ def with_an_empty_prompt(task) -> list:
     return list(zip(*(column.to_pylist() for column in columns)))
 
 
-def through_feed(task, windows: list, record: bool = True, kill_before: tuple[int, ...] = ()) -> tuple[list, dict]:
+def through_feed(task, windows: list, record: bool = True, kill_before: tuple[int, ...] = ()) -> dict:
     """Windows (`Window`s) through the task's engine loop as a shard job feeds them: a window is
     ready at one call in three while the engine works (as a tokenizer still busy would leave it),
     so windows join an engine with rows in flight. Returns each row's output columns (None for a
@@ -120,7 +120,7 @@ def through_feed(task, windows: list, record: bool = True, kill_before: tuple[in
             done = dict(zip(ok, zip(*(column.to_pylist() for column in columns))))
             rows += [done.get(p) for p in range(window.rows)]
             failed.update({window.first + p: why for p, why in bad.items()})
-    return rows, failed
+    return {"rows": rows, "failed": failed}
 
 
 def windows_of(task, texts: list[str], size: int, edit=None) -> list:
