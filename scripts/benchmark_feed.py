@@ -1,0 +1,159 @@
+"""`scripts/benchmark.py --task vllm-feed`: the vLLM shard job, its engine fed across windows,
+against one bare `LLM.generate` over all of the shard's prompts, and the price of bad prompts.
+
+    PYTHONPATH=workflow .venv/bin/python scripts/benchmark.py --task vllm-feed --rows 1000 --max-new-tokens 256
+
+Same prompts (long-tailed, as `--task generate`), same token ids, same engine arguments, greedy;
+output lengths vary up to max_new_tokens (most rows end early on eos: `build_generator`). Each
+variant runs in a process of its own, end to end as a Snakemake job runs, `--repeats` times in
+turn; the generating time (the shard job's device stage; the bare call's `generate`) of the
+fastest repeat counts. Variants:
+
+- the shard job at `batch.sort_window` 256 (many windows: where draining at each window's end
+  cost the most) and at the default (16384: a short first window, then the rest);
+- bare `LLM.generate` over every prompt at once: the peer, which never drains;
+- the same shard job (default window, row_errors: record) on the same prompts of which 10 hold a
+  token the model cannot embed (a tokenizer with an added token, the model not resized), against
+  the same job on the good prompts: its time, and which rows failed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from shardinfer.config import RowErrorSettings
+from shardinfer.plan import run_plan
+
+BAD_WORD = "unembeddable"  # added to the tokenizer, not to the model's embedding
+
+
+def bad_copy(model_dir: Path, out: Path) -> Path:
+    """The model with a tokenizer that knows one more token than the model embeds."""
+    from transformers import AutoTokenizer
+
+    shutil.copytree(model_dir, out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    tokenizer.add_tokens([BAD_WORD])
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def bench_feed(args, work: Path) -> None:
+    import benchmark as bench
+
+    shape = args.shape or ("qwen-cpu-gen" if args.device == "cpu" else "qwen-0.5b")
+    rows = args.rows or 1000
+    model_dir = bad_copy(bench.build_generator(shape, work / "model", args.eos_rate, args.repetition_penalty),
+                         work / "model-bad")
+    texts = bench.prompt_texts(rows)
+    bad_rows = sorted(np.random.default_rng(3).choice(rows, args.bad_rows, replace=False).tolist())
+    spoiled = [f"{text} {BAD_WORD}" if row in bad_rows else text for row, text in enumerate(texts)]
+    inputs = {}
+    for name, values in (("good", texts), ("bad", spoiled)):
+        (work / name).mkdir()
+        pd.DataFrame({"id": np.arange(rows), "text": values}).to_parquet(work / name / "input.parquet")
+        settings = bench.bench_settings(model_dir, work / name / "input.parquet", args.max_length, args.max_tokens,
+                                        "generate", args.max_new_tokens, max_rows=args.max_rows)
+        settings = dataclasses.replace(settings, task_settings={"engine": "vllm", "vllm": args.vllm_args})
+        run_plan(settings.input, 1, args.max_length, str(work / name / "plan.json"))
+        inputs[name] = settings
+    good, bad = inputs["good"], inputs["bad"]
+    windowed = dataclasses.replace(good, batch=dataclasses.replace(good.batch, sort_window=256))
+    recording = dataclasses.replace(bad, row_errors=RowErrorSettings("record", args.bad_rows))
+    variants = {"window 256": (windowed, "shard"), "default window": (good, "shard"), "bare": (good, "bare"),
+                "bad prompts": (recording, "shard")}
+    runs = {name: [] for name in variants}
+    for _ in range(args.repeats):
+        for name, (settings, mode) in variants.items():
+            folder = work / ("bad" if settings is recording else "good")
+            runs[name].append(bench.child(mode, settings, folder, args.device, tag=name.replace(" ", "-")))
+    report(runs, good, bad_rows, rows)
+    in_process(good, args.repeats + 1)
+
+
+def in_process(settings, repeats: int) -> None:
+    """The engine loop alone, in this process, one engine, interleaved (what the shard job adds
+    around it and a busy machine's swings between processes left out): the shard's windows fed
+    (sort_window 256, and one window) against one LLM.generate over the same token ids."""
+    import time
+
+    import pyarrow as pa
+    import torch
+
+    from shardinfer.hf.models import choose_dtype
+    from shardinfer.shard.device_loop import prepare_batches
+    from shardinfer.tasks.base import LoadContext
+    from shardinfer.tasks.vllm.task import VllmGenerate
+
+    context = LoadContext(settings, torch.device("cpu"), choose_dtype(settings.model.dtype, torch.device("cpu")))
+    task = VllmGenerate.load(context)
+    texts = pd.read_parquet(settings.input.path)["text"].tolist()
+
+    def windows(size: int) -> list:
+        prepared = [task.prepare(first, pa.table({"text": texts[first:first + size]}))
+                    for first in range(0, len(texts), size)]
+        return [(w, w, prepare_batches(task, w, pa.table({}), settings.batch).batches) for w in prepared]
+
+    prepared = {256: windows(256), len(texts): windows(len(texts))}
+    ids = [row for _, w, _ in prepared[len(texts)] for row in w.data.ids]
+
+    def fed(size: int) -> list:
+        items = iter(prepared[size])
+        return [r for _, results, _ in task.feed(lambda wait: next(items, None), False) for r in results["completions"]]
+
+    def bare() -> list:
+        params = [task.sampling_params(task.params, row) for row in range(len(ids))]
+        return task.engine.generate([{"prompt_token_ids": row} for row in ids], params, use_tqdm=False)
+
+    seconds = {"bare": [], "fed, windows of 256": [], "fed, one window": []}
+    tokens = {}
+    with torch.inference_mode():
+        for _ in range(repeats):
+            for name, run in (("bare", bare), ("fed, windows of 256", lambda: fed(256)),
+                              ("fed, one window", lambda: fed(len(texts)))):
+                task.engine.reset_prefix_cache()
+                started = time.perf_counter()
+                out = run()
+                seconds[name].append(time.perf_counter() - started)
+                tokens[name] = [list(o.outputs[0].token_ids) for o in out] if name == "bare" else \
+                    [c[0].tokens.tolist() for c in out]
+    best = {name: min(each) for name, each in seconds.items()}
+    print(f"\nin one process, one engine, {repeats} interleaved runs each (best counts):")
+    for name, each in seconds.items():
+        print(f"  {name:22} {best[name]:7.2f} s  {best['bare'] / best[name]:.3f}x bare   "
+              f"runs {'/'.join(f'{t:.1f}' for t in each)}   same tokens as bare: {tokens[name] == tokens['bare']}")
+
+
+def generating(run: dict) -> float:
+    return run["stats"]["stages"]["device"] if "stats" in run else run["generate_s"]
+
+
+def report(runs: dict, settings, bad_rows: list[int], rows: int) -> None:
+    best = {name: min(generating(run) for run in each) for name, each in runs.items()}
+    wall = {name: min(run["wall"] for run in each) for name, each in runs.items()}
+    bare_tokens = runs["bare"][-1]["tokens"]
+    generated = np.array([len(t) for t in bare_tokens])
+    print(f"\n{rows} prompts, max_new_tokens {settings.model.max_new_tokens}, greedy; generated per row "
+          f"{generated.min()}..{generated.max()} (median {int(np.median(generated))}), "
+          f"{int((generated < settings.model.max_new_tokens).sum())} rows ended early on eos")
+    print(f"{'':18}{'generating s':>14}{'x bare':>9}{'wall s':>9}   each repeat (generating)")
+    for name in ("bare", "window 256", "default window", "bad prompts"):
+        each = "/".join(f"{generating(run):.1f}" for run in runs[name])
+        print(f"{name:18}{best[name]:>14.2f}{best['bare'] / best[name]:>9.3f}{wall[name]:>9.1f}   {each}")
+    for name in ("window 256", "default window"):
+        frame = runs[name][-1]["frame"]
+        same = sum(a == b for a, b in zip(frame["n_generated_tokens"], generated))
+        print(f"{name}: rows/s {rows / best[name]:.1f} = {best['bare'] / best[name]:.3f}x bare LLM.generate; "
+              f"{same} of {rows} rows generate as many tokens as bare")
+    frame = runs["bad prompts"][-1]["frame"]
+    failed = frame.loc[frame["error"].notna(), "index"].tolist()
+    print(f"bad prompts: {len(failed)} rows failed {failed} (planted: {bad_rows}); time against the good prompts "
+          f"{best['bad prompts'] / best['default window']:.3f}x generating, "
+          f"{wall['bad prompts'] / wall['default window']:.3f}x wall")
+    print(json.dumps({"first_error": frame.loc[frame["error"].notna(), "error"].head(1).tolist()}))
