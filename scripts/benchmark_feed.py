@@ -72,7 +72,7 @@ def bench_feed(args, work: Path) -> None:
     for _ in range(args.repeats):
         for name, (settings, mode) in variants.items():
             folder = work / ("bad" if settings is recording else "good")
-            runs[name].append(bench.child(mode, settings, folder, args.device, tag=name.replace(" ", "-")))
+            runs[name].append(bench.child(mode, settings, folder, args.device, label="-" + name.replace(" ", "-")))
     report(runs, good, bad_rows, rows)
     in_process(good, args.repeats + 1)
 
