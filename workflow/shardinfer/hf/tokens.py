@@ -25,6 +25,9 @@ from shardinfer.input.scan import text_values
 from shardinfer.plan import Plan
 
 TOKENS_KEY = b"shardinfer.tokens"  # token file metadata: plan, range and tokenizer
+# What a task may take from the tokenizer beside the ids (`TextTask.token_data`), by the argument that asks for it.
+RETURNS = {"token_type_ids": "return_token_type_ids", "offset_mapping": "return_offsets_mapping",
+           "special_tokens_mask": "return_special_tokens_mask"}
 
 
 class Encoder:
@@ -46,9 +49,9 @@ class Encoder:
         """Each row's ids (special tokens included), the positions of rows that were cut (a pair:
         longest first, so the longer text loses tokens first) and the token data per row."""
         columns = [texts] if pairs is None else [texts, pairs]
-        types = {"return_token_type_ids": True} if "token_type_ids" in self.data else {}
+        asked = {RETURNS[name]: True for name in self.data}
         encoded = self.tokenizer(*columns, truncation="longest_first", max_length=self.max_length,
-                                 add_special_tokens=True, **types)
+                                 add_special_tokens=True, **asked)
         ids = encoded["input_ids"]
         at_limit = [i for i, row in enumerate(ids) if len(row) >= self.max_length]
         truncated = []

@@ -14,6 +14,7 @@ TASKS: dict[str, str] = {
     "embed": "shardinfer.tasks.embed:Embed",
     "generate": "shardinfer.tasks.generate:Generate",
     "score": "shardinfer.tasks.score:Score",
+    "token-classify": "shardinfer.tasks.token_classify:TokenClassify",
     "custom": "shardinfer.tasks.custom:Custom",
 }
 
