@@ -378,11 +378,11 @@ def test_a_map_keep_column_is_kept_and_proven_and_a_union_is_refused_at_the_plan
         scan_input(settings_for(tmp_path / "in.arrow", keep_columns=("id", "either")))
 
 
-def test_csv_keep_columns_are_the_strings_written_as_the_readme_says(tmp_path):
+def test_csv_keep_columns_are_the_strings_written_as_the_docs_say(tmp_path):
     path = tmp_path / "in.csv"
     path.write_text("id,text,zip\n7,a cat,02139\n8,a dog,10001\n")
     batch = next(iter_range(settings_for(path, keep_columns=("id", "zip")), 0, 2))[1]
     assert [batch.schema.field(c).type for c in ("id", "zip")] == [pa.string(), pa.string()]
     assert batch.column("zip").to_pylist() == ["02139", "10001"] and batch.column("id").to_pylist() == ["7", "8"]
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert "CSV and TSV hold no types, so their columns are kept as strings exactly as written" in readme
+    outputs = (Path(__file__).resolve().parents[1] / "docs" / "outputs.md").read_text()
+    assert "CSV and TSV hold no types, so their columns are kept as strings exactly as written" in outputs
