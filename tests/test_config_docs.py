@@ -1,9 +1,9 @@
-"""The docs' lists have one source each (scripts/config_docs.py writes them): config/README.md's key
-table is the schema's keys, defaults, allowed values and descriptions; the lists of formats and
-tasks in README.md, config/README.md, config/config.yaml and the docs site are the registries'. A file that is not
-as written fails here, naming the command that rewrites it; so does a list that a registry change
-(a new format's module) leaves behind. The messages that list formats or tasks take them from the
-registries too."""
+"""The docs' lists have one source each (scripts/config_docs.py writes them): the key table of
+config/README.md and docs/configuration.md is the schema's keys, defaults, allowed values and
+descriptions; the lists of formats and tasks in README.md, config/README.md, config/config.yaml and
+the docs site's pages are the registries'. A file that is not as written fails here, naming the
+command that rewrites it; so does a list that a registry change (a new format's module) leaves
+behind. The messages that list formats or tasks take them from the registries too."""
 
 import re
 
