@@ -305,7 +305,7 @@ def test_custom_digest_refuses_a_module_it_cannot_find(tmp_path, models):
         output_digest(custom_settings(tmp_path, models, entrypoint="json.no_such_part:build"))
 
 
-# A user's Snakefile that runs the workflow as a module (README, "Use as a module").
+# A user's Snakefile that runs the workflow as a module (docs/module.md).
 MODULE_SNAKEFILE = f"""\
 configfile: "config/config.yaml"
 

@@ -255,7 +255,7 @@ def test_embed_normalised_and_an_empty_shard(models, tmp_path, caplog):
 
 @pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".parquet"])
 def test_the_text_column_also_kept_is_read_once_per_role_in_every_format(models, tmp_path, suffix):
-    """The README suggests keeping the text beside its prediction: a column read by the task and
+    """The docs suggest keeping the text beside its prediction: a column read by the task and
     kept too is one column of the shard table, in every format."""
     frame = input_frame(40, seed=4)
     inp = input_settings(write_input(frame, tmp_path / f"in{suffix}"), keep_columns=("text", "id"))

@@ -79,7 +79,7 @@ from shardinfer.tasks import engine_devices, task_class
 from shardinfer.terminal import summary_lines
 
 # Without a shared filesystem: a default storage provider (S3, ...) holds the input and every result,
-# and each job sees only its declared files, downloaded (README, "Without a shared filesystem").
+# and each job sees only its declared files, downloaded (docs/storage.md).
 STORAGE = (
     getattr(workflow.storage_settings, "default_storage_provider", None) is not None
 )

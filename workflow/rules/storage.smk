@@ -1,4 +1,4 @@
-# Without a shared filesystem (README, "Without a shared filesystem"): what the main Snakemake
+# Without a shared filesystem (docs/storage.md): what the main Snakemake
 # process does in the bucket for its jobs, which see only their own declared files. `STORAGE` is in
 # common.smk, the rules' storage inputs and outputs in shardinfer.layout; the Snakefile calls these
 # from onstart, onsuccess and onerror. Each does nothing on a shared filesystem.

@@ -173,7 +173,7 @@ class Layout:
 
     @property
     def files_dir(self) -> str:
-        """A shard's folder of files per row, when the task may write any (README, "Your own model")."""
+        """A shard's folder of files per row, when the task may write any (docs/tasks/custom.md)."""
         return self.path("results/files/{shard}")
 
     @property

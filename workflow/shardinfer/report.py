@@ -72,7 +72,7 @@ def rows_per_s(shard: dict) -> float | None:
 
 def load_seconds(shard: dict) -> float | None:
     """Seconds from the shard job's start to its first row (device lease, model load): the fixed
-    price each shard pays, which the README says to keep small next to the shard's work."""
+    price each shard pays, which docs/performance.md says to keep small next to the shard's work."""
     if None in (shard.get("started"), shard.get("ended"), shard.get("seconds")):
         return None
     return max(shard["ended"] - shard["started"] - shard["seconds"], 0.0)

@@ -31,7 +31,7 @@ class InputJobs:
     files: list[str]  # plan's input: input.path itself, or the parts of a directory or glob, in row order
     plan_input: dict  # plan's settings of the input, its parts included
     shards: int
-    # The input's identity as params of plan and gather (README, "When things go wrong"): a part
+    # The input's identity as params of plan and gather (docs/troubleshooting.md): a part
     # added, removed or renamed, or another size or mtime, older too, replans; another ctime or
     # inode reruns gather, which checks each part's content digest.
     version: dict

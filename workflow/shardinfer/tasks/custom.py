@@ -1,6 +1,6 @@
 """Any PyTorch model: the user's own code, behind the same proof as the built-in tasks.
 
-The contract (README, "Your own model"), promised to users:
+The contract (docs/tasks/custom.md), promised to users:
 
     build(model_path: str | None, options: dict, device: torch.device) -> predictor
     predictor.outputs: dict[str, str]       # column -> "float32", "int64", "string", "list<float32>",

@@ -14,7 +14,7 @@ both engines; and the transformers engine's constraint, built as vLLM's xgrammar
   schema maps to one, else its JSON text).
 - xgrammar 0.2.8 compiles a string with `maxLength`/`minLength` to a character class that admits
   raw control characters, so such rows can fail strict parsing (and each of those tokens costs a
-  slow mask): prefer schemas without string length bounds (README, "Structured output").
+  slow mask): prefer schemas without string length bounds (docs/tasks/generate.md).
 
 Torch-free at import: the Snakefile reads the columns' types (`parsed_type`) without xgrammar.
 """

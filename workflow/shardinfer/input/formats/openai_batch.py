@@ -240,7 +240,7 @@ class OpenAiBatch(TextFormat):
     """The OpenAI batch file of chat completion requests, as the OpenAI Batch API and `vllm run-batch`
     take it (task generate): each line's `body.messages` is its prompt and its own max_tokens,
     temperature, top_p, n, stop, seed, logprobs, top_logprobs and response_format drive its row; gather
-    also writes `results/batch_output.jsonl` (README, "OpenAI batch files")."""
+    also writes `results/batch_output.jsonl` (docs/tasks/openai-batch.md)."""
 
     name = NAME
     named_only = True  # .jsonl is jsonl's
