@@ -227,11 +227,8 @@ def tiny_llama(vocab_size: int, eos: int, eos_like: int, intermediate_size: int 
                          max_position_embeddings=2 * MAX_POSITIONS, eos_token_id=eos, tie_word_embeddings=False,
                          **special_ids)
     torch.manual_seed(11)
-    model = LlamaForCausalLM(config)
+    model = spread_weights(LlamaForCausalLM(config))
     with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() == 2:
-                parameter.normal_(0.0, 0.5)
         model.lm_head.weight[eos] = 1.25 * model.lm_head.weight[eos_like]
     return model
 
@@ -338,6 +335,18 @@ def build_tiny_bytes_lm(root: Path) -> Path:
     return path
 
 
+def spread_weights(model, std: float = 0.5):
+    """The model with its matrices drawn again from normal(0, std): a large spread, so that a tiny random
+    model's outputs differ visibly from row to row (and from a wrong reading of its inputs)."""
+    import torch
+
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() == 2:
+                parameter.normal_(0.0, std)
+    return model
+
+
 def build_tiny_cross_encoder(root: Path, num_labels: int = 1) -> Path:
     """A tiny BERT cross-encoder over WORDS for task score: one label (its logit is a pair's score;
     other counts for the refusal), two token types. Random weights drawn with a large spread
@@ -348,11 +357,7 @@ def build_tiny_cross_encoder(root: Path, num_labels: int = 1) -> Path:
 
     path = root / f"cross-encoder-{num_labels}"
     torch.manual_seed(13)
-    model = BertForSequenceClassification(bert_config(num_labels=num_labels, type_vocab_size=2))
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() == 2:
-                parameter.normal_(0.0, 0.5)
+    model = spread_weights(BertForSequenceClassification(bert_config(num_labels=num_labels, type_vocab_size=2)))
     model.save_pretrained(path)
     save_tokenizer(path)
     return path

@@ -11,7 +11,16 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from factory import REPO, bert_config, input_frame, run_workflows_ok, save_tokenizer, workflow_config, write_input
+from factory import (
+    REPO,
+    bert_config,
+    input_frame,
+    run_workflows_ok,
+    save_tokenizer,
+    spread_weights,
+    workflow_config,
+    write_input,
+)
 from shardinfer.checks import check_settings
 from shardinfer.configure import settings_from_config
 from shardinfer.errors import UserError
@@ -32,12 +41,7 @@ def tagger(tmp_path_factory):
     path = tmp_path_factory.mktemp("tagger") / "tagger"
     torch.manual_seed(5)
     config = bert_config(num_labels=len(TAGS), id2label=TAGS, label2id={v: k for k, v in TAGS.items()})
-    model = BertForTokenClassification(config)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() == 2:
-                parameter.normal_(0.0, 0.5)
-    model.save_pretrained(path)
+    spread_weights(BertForTokenClassification(config)).save_pretrained(path)
     save_tokenizer(path)
     return path
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from factory import CAUSAL_SPECIALS, CAUSAL_WORDS, WORDS
+from factory import CAUSAL_SPECIALS, CAUSAL_WORDS, WORDS, spread_weights
 
 IMAGE_TOKENS = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>",
                 *(f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7))]
@@ -59,11 +59,8 @@ def build_tiny_vlm(root: Path) -> Path:
                             image_token_id=vocab["<image>"], tie_word_embeddings=False, pad_token_id=0,
                             eos_token_id=3)
     torch.manual_seed(31)
-    model = Idefics3ForConditionalGeneration(config)
+    model = spread_weights(Idefics3ForConditionalGeneration(config))
     with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() == 2:
-                parameter.normal_(0.0, 0.5)
         head = model.lm_head.weight
         head[3] = 1.25 * head[vocab[WORDS[WORDS.index("bird")]]]
     model.save_pretrained(path)
