@@ -38,17 +38,14 @@ def refuse_untrained_head(loaded, model: ModelSettings) -> None:
     )
 
 
-class Classify(TextTask):
-    name = "classify"
-    one_pass = True
-    auto_class = "AutoModelForSequenceClassification"
-    outputs = {"label": "string", "label_id": "int64", "probs": "list<float32>"}
-    scored_as = "labels"  # evaluate: accuracy, F1 and the confusion matrix (shardinfer.metrics)
-    compared = {"ids": "label_id", "names": "label"}  # integer gold values with the ids, strings with the names
+class LabelledTask(TextTask):
+    """A text task whose model's head scores each of its labels (classify, token-classify): the labels
+    `model.labels` names or the model's config, checked before any job runs, and a head the
+    checkpoint or adapter must carry (one drawn at random would label at random)."""
 
     @classmethod
     def check_labels(cls, model: ModelSettings) -> None:
-        """`model.labels`: as many names as the classifier has, checked before any job runs."""
+        """`model.labels`: as many names as the head has, checked before any job runs."""
         if model.labels is not None:
             label_names(model.path, model.adapter, model.labels)
 
@@ -59,6 +56,15 @@ class Classify(TextTask):
     def labels(self) -> list[str]:
         config = self.model.config
         return [str(config.id2label.get(i, i)) for i in range(config.num_labels)]
+
+
+class Classify(LabelledTask):
+    name = "classify"
+    one_pass = True
+    auto_class = "AutoModelForSequenceClassification"
+    outputs = {"label": "string", "label_id": "int64", "probs": "list<float32>"}
+    scored_as = "labels"  # evaluate: accuracy, F1 and the confusion matrix (shardinfer.metrics)
+    compared = {"ids": "label_id", "names": "label"}  # integer gold values with the ids, strings with the names
 
     def predict(self, batch: dict) -> dict:
         import torch

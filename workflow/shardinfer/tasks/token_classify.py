@@ -14,10 +14,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from shardinfer.config import ModelSettings
-from shardinfer.hf.labels import label_names
 from shardinfer.tasks.base import Window
-from shardinfer.tasks.classify import refuse_untrained_head
+from shardinfer.tasks.classify import LabelledTask
 from shardinfer.tasks.text import TextTask
 
 ENTITY = pa.struct([("label", pa.string()), ("start", pa.int64()), ("end", pa.int64()), ("score", pa.float32())])
@@ -47,27 +45,13 @@ def grouped_entities(tokens: list[tuple[str, float, int, int]]) -> list[dict[str
             for g in groups if g["label"] != OUTSIDE]
 
 
-class TokenClassify(TextTask):
+class TokenClassify(LabelledTask):
     name = "token-classify"
     one_pass = True
     auto_class = "AutoModelForTokenClassification"
     tokenizes_ahead = False  # a token's character offsets are not in the tokenize rule's files
     token_data = ("offset_mapping", "special_tokens_mask")
     outputs = {"entities": pa.list_(ENTITY)}
-
-    @classmethod
-    def check_labels(cls, model: ModelSettings) -> None:
-        """`model.labels`: as many names as the model labels tokens with, checked before any job runs."""
-        if model.labels is not None:
-            label_names(model.path, model.adapter, model.labels)
-
-    def check(self) -> None:
-        refuse_untrained_head(self.loaded, self.settings.model)  # a head drawn at random labels at random
-
-    @property
-    def labels(self) -> list[str]:
-        config = self.model.config
-        return [str(config.id2label.get(i, i)) for i in range(config.num_labels)]
 
     def collate(self, window: Window, positions: np.ndarray) -> dict[str, Any]:
         """The padded batch, and per row its text tokens as (position in the padded row, start, end)."""
