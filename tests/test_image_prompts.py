@@ -216,3 +216,16 @@ def test_decoded_images_are_rgb_whatever_their_mode(tmp_path):
     buffer = io.BytesIO()
     Image.new("L", (7, 5), 128).save(buffer, format="PNG")
     assert decoded(buffer.getvalue(), tmp_path).mode == "RGB"
+
+
+def test_a_row_with_more_images_than_vllm_takes_is_refused_before_the_engine(task, vlm):
+    """vLLM fails a whole call on a prompt over its `limit_mm_per_prompt`: the row is refused first."""
+    from shardinfer.tasks.generate_images import ImagePrompts
+
+    limited = settings(vlm, engine="vllm", vllm={"limit_mm_per_prompt": {"image": 1}})
+    prompts = ImagePrompts(task().images.processor, limited, False, None)
+    images = pa.array([[image_bytes(1)], [image_bytes(2), image_bytes(3)]], pa.list_(pa.binary()))
+    found, refused = prompts.window(20, pa.array(["red", "cat"]), images)
+    assert refused == {1: "input.image_column `image`, row 21: 2 images, above generate.vllm.limit_mm_per_prompt "
+                          "image 1 (what vLLM takes per prompt)"}
+    assert found.ids[0] and found.ids[1] == []

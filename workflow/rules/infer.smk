@@ -31,6 +31,9 @@ rule infer:
         settings=LAYOUT.input_value("job_settings"),
         digest=LAYOUT.input_value("digest"),
         tokenizer_key=LAYOUT.tokenizer_key,
+        # Only a rerun trigger, with input.image_column: an image file its rows name replaced,
+        # edited or removed reruns this shard alone (shardinfer.input.image_files).
+        **LAYOUT.image_params,
         outdated=LAYOUT.outdated,
     script:
         "../../scripts/infer.py"

@@ -18,6 +18,7 @@ rule plan:
         max_length=SETTINGS.model.max_length,
         # What a row adds to its cost in a batch (generate: max_new_tokens), balanced too.
         overhead=PLAN_OVERHEAD,
+        **PLAN_IMAGE_PARAMS,
         shard_dir=LAYOUT.shard_dir,
         files_dir=LAYOUT.files_root,
         # Only a rerun trigger: a replaced input with an older mtime replans too.

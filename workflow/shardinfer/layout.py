@@ -29,6 +29,8 @@ from typing import Any
 from shardinfer.config import Settings
 from shardinfer.errors import UserError
 from shardinfer.input.formats.openai_batch import NAME as BATCH_FORMAT
+from shardinfer.input.image_files import image_trigger
+from shardinfer.input.images import input_folder
 from shardinfer.proof.batch_output import OUTPUT_NAME
 from shardinfer.proof.manifest import MANIFEST_NAME, part_name, part_width
 from shardinfer.rule_params import InputJobs
@@ -241,6 +243,20 @@ class Layout:
         """What an infer job is told beyond its settings: that its shard is one part in the bucket,
         never cut into pieces (they could not be uploaded: only declared outputs are)."""
         return {"one_part": True} if self.stored_parts else {}
+
+    @property
+    def image_params(self) -> dict[str, Any]:
+        """The infer job's rerun trigger for the image files its rows name, on a shared filesystem and
+        with input.image_column (`image_files.image_trigger`); none otherwise."""
+        if self.storage or not any(jobs.settings.input.image_columns for jobs in self.inputs.values()):
+            return {}
+
+        def images(wildcards) -> str:
+            name = wildcards.get("name")
+            folder = input_folder(self.inputs[name].settings.input.path)
+            return image_trigger(fill(self.path("results/plan.json"), name=name), int(wildcards.shard), folder)
+
+        return {"images": images}
 
     @property
     def gather_shards(self) -> dict[str, Any]:

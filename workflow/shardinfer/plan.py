@@ -35,6 +35,8 @@ from shardinfer.errors import UserError
 from shardinfer.input.formats import format_named
 from shardinfer.input.formats.base import Span
 from shardinfer.input.formats.text_blocks import span_of_plan_v6
+from shardinfer.input.image_files import shard_images
+from shardinfer.input.images import input_folder
 from shardinfer.input.parts import Part, PartsScan, Piece, check_same_parts, iter_pieces, one_file, scan_parts
 from shardinfer.input.shard_cuts import Cut, cut_part, cut_pieces, read_as_cut, whole_parts, write_cuts
 from shardinfer.input.staging import stage_part, staged_name, wants_staging
@@ -53,7 +55,7 @@ READ_VERSIONS = (6, 7)
 CHARS_PER_TOKEN = 4
 SPECIAL_TOKENS = 2
 COST_ESTIMATE = (f"tokens per row ~ ceil(characters / {CHARS_PER_TOKEN}) + {SPECIAL_TOKENS}, at most max_length, "
-                 "+ the task's overhead per row (generate: max_new_tokens)")
+                 "+ the task's overhead per row (generate: max_new_tokens) + tokens per image (input.image_column)")
 
 
 def fields_to_json(fields: pa.Schema) -> dict:
@@ -114,6 +116,9 @@ class Plan:
     # None: the shards read the input's parts.
     cuts: tuple[Cut, ...] | None = None
     reads_cut: bool = False  # as a shard job reads it: its `parts` are its own cut (`reading_cut`)
+    # Per shard, the image files its rows name and their stats' digest (`image_files.shard_images`);
+    # None: no image is given by path.
+    images: tuple[dict, ...] | None = None
 
     @property
     def shards(self) -> int:
@@ -178,14 +183,18 @@ class Plan:
 
 
 def make_plan(inp: InputSettings, shards: int, max_length: int, staged_dir: str | None = None,
-              overhead: int = 0) -> Plan:
+              overhead: int = 0, image_cost: int = 0) -> Plan:
     """Scan the input and cut it into `shards` ranges of about equal estimated cost (each row's
-    tokens plus the task's `overhead`, what its batches pay: `Task.plan_overhead`); an unusable
-    input is refused, one without rows gives empty shards. Parts that the shards could not read by
-    range are staged into `staged_dir` (`input.stage`; None: none is)."""
+    tokens plus the task's `overhead`, what its batches pay: `Task.plan_overhead`, plus
+    `image_cost` tokens per image: `Task.plan_image_cost`); an unusable input is refused, one
+    without rows gives empty shards. Parts that the shards could not read by range are staged into
+    `staged_dir` (`input.stage`; None: none is)."""
     scan = scan_parts(inp)
     check_rows(inp, scan)
     row_costs = estimated_tokens(scan.chars(), max_length) + overhead
+    images = scan.images()
+    if images is not None:
+        row_costs = row_costs + images.astype(np.int64) * image_cost
     ranges = tuple(balanced_ranges(row_costs, shards))
     costs = tuple(int(row_costs[s:e].sum()) for s, e in ranges)
     plan_id = plan_id_of(inp.path, scan.parts, scan.rows, ranges)
@@ -194,8 +203,10 @@ def make_plan(inp: InputSettings, shards: int, max_length: int, staged_dir: str 
         scan = dataclasses.replace(scan, parts=staged_parts(inp, scan.parts, pieces, staged_dir))
         pieces = scan.pieces(list(ranges))  # the same pieces, of the parts with their copies
     options = {format_named(inp.format).options_section: inp.options} if inp.options else {}
+    named = scan.image_names()
     return Plan(plan_id=plan_id, input_path=inp.path, parts=scan.parts, rows=scan.rows, ranges=ranges, costs=costs,
-                pieces=pieces, fields=scan.fields, options=options)
+                pieces=pieces, fields=scan.fields, options=options,
+                images=shard_images(named, ranges, input_folder(inp.path)) if named else None)
 
 
 def plan_id_of(input_path: str, parts: tuple[Part, ...], rows: int, ranges: tuple[tuple[int, int], ...]) -> str:
@@ -260,7 +271,8 @@ def write_plan(plan: Plan, path: str) -> None:
             "shards": [{"shard": i, "start": s, "end": e, "rows": e - s, "cost": c,
                         "pieces": [{"part": position[piece.part.path], "start": piece.start, "end": piece.end,
                                     "span": piece.span and piece.span.to_json()} for piece in pieces],
-                        "cut": plan.cuts and asdict(plan.cuts[i])}
+                        "cut": plan.cuts and asdict(plan.cuts[i]),
+                        **({"images": plan.images[i]} if plan.images else {})}
                        for i, ((s, e), c, pieces) in enumerate(zip(plan.ranges, plan.costs, plan.pieces))],
         },
     )
@@ -291,6 +303,7 @@ def read_plan(path: str) -> Plan:
         fields=fields,
         options=data["input"]["options"] if version == PLAN_VERSION else _v6_options(data["input"]),
         cuts=tuple(Cut.from_json(s["cut"]) for s in shards) if shards and shards[0].get("cut") else None,
+        images=tuple(s["images"] for s in shards) if shards and "images" in shards[0] else None,
     )
 
 
@@ -337,12 +350,12 @@ def _numbered(folder: str, pattern: str) -> list[tuple[int, Path]]:
 
 def run_plan(inp: InputSettings, shards: int, max_length: int, plan_path: str, shard_dir: str | None = None,
              files_dir: str | None = None, staged_dir: str | None = None, overhead: int = 0,
-             local_parts: list[str] | None = None, cut_paths: list[str] | None = None) -> Plan:
+             local_parts: list[str] | None = None, cut_paths: list[str] | None = None, image_cost: int = 0) -> Plan:
     """The plan rule: scan, cut, stage, write; logs the ranges. Without a shared filesystem the job
     reads its storage copies of the parts (`local_parts`, in the input's order) and writes each shard's
     rows to its cut (`cut_paths`: shardinfer.input.shard_cuts) instead of staging any part."""
     read = dataclasses.replace(inp, parts=tuple(local_parts)) if local_parts else inp
-    plan = make_plan(read, shards, max_length, staged_dir, overhead)
+    plan = make_plan(read, shards, max_length, staged_dir, overhead, image_cost)
     if cut_paths is not None:
         plan = plan.write_cuts(read, cut_paths)
         log.info("cut the shards' rows into %d files, %d bytes in all (the input: %d bytes)", plan.shards,

@@ -24,6 +24,9 @@ INDEX_COLUMN = "index"
 ERROR_COLUMN = "error"  # row_errors: record: a failed row's exception ("Type: message"), null for the others
 IDENTITY_KEY = b"shardinfer"  # the plan, range and settings the file was made under
 STATS_KEY = b"shardinfer.stats"  # rows, time, device, tokens
+# Among the stats: the image files the job read by path, {name: {row, size, mtime_ns, ctime_ns, sha256}}
+# (`shardinfer.input.image_files`), which gather proves unchanged; not in the run's summary.
+IMAGES_READ = "images_read"
 FILE_PREFIX = "file:"
 FILE_TYPE = pa.struct([("path", pa.string()), ("size", pa.int64()), ("sha256", pa.string())])
 FILE_DIGITS = 9  # files are named by global row index, zero padded: results/files/3/000001234.png

@@ -171,6 +171,17 @@ class PartsScan:
         """Characters of each row's text, in the input's row order."""
         return np.concatenate([scan.chars for scan in self.scans])
 
+    def images(self) -> np.ndarray | None:
+        """Images per row (input.image_column), in the input's row order; None without the column."""
+        if self.scans and self.scans[0].images is None:
+            return None
+        return np.concatenate([scan.images for scan in self.scans]) if self.scans else np.zeros(0, dtype=np.int32)
+
+    def image_names(self) -> list[tuple[int, str]]:
+        """(the input's row, name) of each image given by path, in row order."""
+        return [(part.first_row + row, name) for part, scan in zip(self.parts, self.scans)
+                for row, name in scan.image_names]
+
     def pieces(self, ranges: list[tuple[int, int]]) -> tuple[tuple[Piece, ...], ...]:
         """Each range of the input as pieces of the parts that hold its rows (none for an empty
         range). Each part finds the ranges it holds by bisection and their spans in one call, so

@@ -21,7 +21,7 @@ from shardinfer.contract.content_digest import table_digest
 from shardinfer.errors import UserError
 from shardinfer.input.formats import format_named
 from shardinfer.input.formats.base import Mark, Span
-from shardinfer.input.images import image_kind_problem
+from shardinfer.input.images import column_images, image_kind_problem
 
 NULLS_LISTED = 5
 # A conversation's cost beyond its contents' characters: the chat template's markers around each
@@ -37,6 +37,9 @@ class InputScan:
     chars: np.ndarray  # characters of each row's text (0 for null, and for a custom task's rows), for the cost estimate
     marks: tuple[Mark, ...] = ()  # where each block of rows starts, for shards to start at (text, Arrow)
     fields: pa.Schema | None = None  # JSONL: every field, typed over the whole file
+    # input.image_column: images per row (their cost), and (row, name) of each named by path
+    images: np.ndarray | None = None
+    image_names: tuple[tuple[int, str], ...] = ()
 
     def spans(self, ranges: list[tuple[int, int]]) -> tuple[Span | None, ...]:
         """Each range's span: from the last mark at or before its first row to the first mark at or
@@ -194,21 +197,28 @@ def scan_input(inp: InputSettings, fields: pa.Schema | None = None) -> InputScan
     _check_keep_types(inp, fields)
     _check_image_types(inp, fields)
     measure = _TextMeasure(inp) if inp.text_columns or inp.conversation_columns else None
-    rows, marks = 0, []
-    # the task's columns only, its images but by type (a Parquet file's image bytes are not read)
-    task_only = dataclasses.replace(inp, keep_columns=(), task_columns=tuple(
-        column for column in inp.task_columns if column not in inp.image_columns))
+    rows, marks, images, names = 0, [], [], []
+    task_only = dataclasses.replace(inp, keep_columns=())  # the task's columns only (images: counted, named)
     for position, batch in fmt.batches(task_only, None, fields):
         if position is not None and (not marks or marks[-1].position != position):
             marks.append(Mark(rows, position))
         if measure:
             measure.add(batch, rows)
+        for column in inp.image_columns:
+            counts, named = column_images(batch.column(column))
+            images.append(counts)
+            names.extend((rows + k, name) for k, name in named)
         rows += batch.num_rows
     chars = [np.zeros(rows, dtype=np.int32)] if measure is None else measure.chars
     return InputScan(rows=rows, null_texts=measure.nulls if measure else 0,
                      first_null_rows=tuple(measure.first_nulls) if measure else (),
                      chars=np.concatenate(chars) if chars else np.zeros(0, dtype=np.int32), marks=tuple(marks),
-                     fields=fields)
+                     fields=fields, images=_concatenated(images, rows) if inp.image_columns else None,
+                     image_names=tuple(names))
+
+
+def _concatenated(arrays: list[np.ndarray], rows: int) -> np.ndarray:
+    return np.concatenate(arrays) if arrays else np.zeros(rows, dtype=np.int32)
 
 
 def text_lengths(text: pa.Array) -> np.ndarray:

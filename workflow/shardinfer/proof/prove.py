@@ -15,8 +15,11 @@ from pathlib import Path
 from shardinfer.config import InputSettings
 from shardinfer.contract.pieces import record_path
 from shardinfer.contract.row_files import staging_folder
+from shardinfer.contract.shard_file import IMAGES_READ
 from shardinfer.errors import ProofError
 from shardinfer.input.identity import digest_alongside
+from shardinfer.input.image_files import image_changed
+from shardinfer.input.images import input_folder
 from shardinfer.input.parts import Part, one_file, refuse_other_parts
 from shardinfer.input.scan import count_rows
 from shardinfer.plan import Plan
@@ -68,6 +71,7 @@ def prove(plan: Plan, shard_paths: list[str], inp: InputSettings, digest: str,
         raise ProofError(f"gather got {len(folders)} files folders but the plan has {plan.shards} shards")
     shards = [prove_shard(plan, i, path, digest, folder) for i, (path, folder) in enumerate(zip(shard_paths, folders))]
     refuse_stray_files(shards)
+    refuse_changed_images(shards, inp)
     if files_folders:
         refuse_stray_folders(files_folders)
     with_rows = [s for s in shards if s.rows]  # an empty shard never loaded the task: custom columns unknown
@@ -79,6 +83,20 @@ def prove(plan: Plan, shard_paths: list[str], inp: InputSettings, digest: str,
     if total != plan.rows:
         raise ProofError(f"shards hold {total} rows in all, the input {plan.rows}")
     return shards
+
+
+def refuse_changed_images(shards: list[ShardFile], inp: InputSettings) -> None:
+    """Every image file a shard job read by path (its stats' IMAGES_READ) is still what it read
+    (`image_files.image_changed`: a stat each, the bytes only of a file whose stats moved); a file
+    replaced after its shard read it would leave a stale row in the table."""
+    folder = input_folder(inp.path)
+    for shard in shards:
+        for name, read in sorted((shard.stats.get(IMAGES_READ) or {}).items()):
+            why = image_changed(folder, name, read)
+            if why is not None:
+                raise ProofError(f"input.image_column `{inp.image_columns[0]}`: image `{name}` (row {read['row']}) "
+                                 f"{why} since shard {shard.shard} read it; rerun that shard (snakemake --forcerun "
+                                 f"{shard.path})")
 
 
 def prove_input(plan: Plan, inp: InputSettings, local_parts: list[str] | None = None,

@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Iterable
 
 from shardinfer.config import InputSettings
-from shardinfer.contract.shard_file import computed
+from shardinfer.contract.shard_file import IMAGES_READ, computed
 from shardinfer.plan import Plan
 from shardinfer.proof.prove import ShardFile
 from shardinfer.tasks import task_totals
@@ -71,10 +71,11 @@ def token_lengths(shards: list[ShardFile]) -> dict[str, int]:
     return {str(length): total[length] for length in sorted(total)}
 
 
-# A shard job's stats that the summary holds once for the run (the histogram), or beside them (rows).
-# Every other stat a job records (a task's own, such as generated_tokens or engine_start_s) is in
-# its per_shard entry as recorded: no list of them to keep here.
-PER_SHARD_AGGREGATED = ("rows", "token_lengths")
+# A shard job's stats that the summary holds once for the run (the histogram), beside them (rows), or
+# not at all (the image files read, one entry per file: gather proves them). Every other stat a job
+# records (a task's own, such as generated_tokens or engine_start_s) is in its per_shard entry as
+# recorded: no list of them to keep here.
+PER_SHARD_AGGREGATED = ("rows", "token_lengths", IMAGES_READ)
 
 
 def summarize(plan: Plan, shards: list[ShardFile], inp: InputSettings, model: dict) -> dict:

@@ -86,6 +86,15 @@ class Tally:
 
 def running_totals(kept: dict, now: dict, totals: Collection[str]) -> dict:
     """A task's stats (`Task.finish`) over a resumed shard's jobs: its running totals (`totals`,
-    e.g. generated tokens) summed with the kept windows'; its other values describe this job."""
-    return {name: value + kept[name] if name in totals and isinstance(kept.get(name), int) else value
-            for name, value in now.items()}
+    e.g. generated tokens) summed with the kept windows', its records by name (dicts: the image files
+    read) merged with theirs; its other values describe this job."""
+    records = {name: value for name, value in kept.items() if isinstance(value, dict)}
+    return {**records, **{name: _running(kept.get(name), value, name in totals) for name, value in now.items()}}
+
+
+def _running(kept, now, total: bool):
+    if total and isinstance(kept, int):
+        return now + kept
+    if isinstance(now, dict) and isinstance(kept, dict):
+        return {**kept, **now}
+    return now

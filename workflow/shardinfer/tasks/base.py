@@ -177,6 +177,13 @@ class Task:
         return 0
 
     @classmethod
+    def plan_image_params(cls, settings: Settings) -> dict:
+        """The plan rule's params for the images a row holds (input.image_column): {"image_cost": tokens
+        per image}, which the plan's balance adds to a row's cost; none for a task that reads no images
+        (so that no other config's plan params change)."""
+        return {}
+
+    @classmethod
     def identity(cls, settings: Settings) -> dict:
         """What else decides this task's outputs beyond its settings (an engine's version): in the
         shard digest. Torch-free: called when the Snakefile loads."""

@@ -36,6 +36,7 @@ import pyarrow as pa
 
 from shardinfer.batching import length_sorted_batches, pad_batch
 from shardinfer.config import BatchSettings, ModelSettings, Settings
+from shardinfer.contract.shard_file import IMAGES_READ
 from shardinfer.errors import RowError, UserError
 from shardinfer.hf.tokens import TokenWindow
 from shardinfer.input.formats.openai_batch import NAME as BATCH_FORMAT
@@ -241,6 +242,15 @@ class Generate(TextTask):
         """Each row may add max_new_tokens to its prompt in the KV cache, n times: the plan counts them too."""
         return int(settings.model.max_new_tokens or 0) * settings.task_settings.n
 
+    @classmethod
+    def plan_image_params(cls, settings) -> dict:
+        """An image costs the tokens the model's processor expands it into (estimated from its config)."""
+        if not settings.input.image_columns:
+            return {}
+        from shardinfer.tasks.generate_images import image_token_estimate
+
+        return {"image_cost": image_token_estimate(settings.model.path)}
+
     def check(self) -> None:
         reason = not_a_generator(self.loaded)
         if reason:
@@ -365,4 +375,6 @@ class Generate(TextTask):
         return columns
 
     def finish(self) -> dict:
-        return {"generated_tokens": self.generated_tokens}
+        """The generated tokens, and the image files read by path (gather proves them unchanged)."""
+        read = self.images.read if self.images is not None else None
+        return {"generated_tokens": self.generated_tokens, **({IMAGES_READ: dict(read)} if read else {})}

@@ -73,6 +73,9 @@ class ImagePrompts:
         self.prompt_key = f"{settings.input.column_keys[0]} `{settings.input.task_columns[0]}`"
         self.folder = input_folder(settings.input.path)
         self.null_as_empty = settings.input.null_text == "empty"
+        self.limit = image_limit(settings.task_settings)
+        # The image files read by path: {name: {row, size, mtime_ns, ctime_ns, sha256}} (Task.finish).
+        self.read: dict[str, dict] = {}
 
     def window(self, first: int, prompts: pa.Array, images: pa.Array) -> tuple[TokenWindow, dict[int, str]]:
         """Per row, its expanded prompt ids (and in token_data["images"] its ImageRow, None for a row
@@ -81,7 +84,7 @@ class ImagePrompts:
         ids, rows, refused = [], [], {}
         for position, (prompt, value) in enumerate(zip(texts, images.to_pylist())):
             try:
-                row_ids, row = self.row(prompt, row_images(value))
+                row_ids, row = self.row(prompt, row_images(value), first + position)
             except RowRefused as why:
                 row_ids, row = [], None
                 key = f"input.image_column `{self.column}`" if why.of_image else self.prompt_key
@@ -90,12 +93,18 @@ class ImagePrompts:
             rows.append(row)
         return TokenWindow(first, ids, [], {"images": rows}), refused
 
-    def row(self, prompt: Any, images: list) -> tuple[list[int], ImageRow | None]:
+    def row(self, prompt: Any, images: list, index: int) -> tuple[list[int], ImageRow | None]:
         """(expanded ids, the row's ImageRow or None); RowRefused for a row that cannot run."""
+        if self.limit is not None and len(images) > self.limit:
+            raise RowRefused(f"{len(images)} images, above generate.vllm.limit_mm_per_prompt image {self.limit} (what "
+                             "vLLM takes per prompt)", of_image=True)
+        read: dict[str, dict] = {}
         try:
-            pictures = [decoded(image, self.folder) for image in images]
+            pictures = [decoded(image, self.folder, read) for image in images]
         except ValueError as why:
             raise RowRefused(str(why), of_image=True) from None
+        finally:
+            self.read.update({name: {"row": index, **identity} for name, identity in read.items()})
         text = self.rendered(prompt, len(pictures))
         special = not self.chat_template  # a chat template writes its own special tokens
         placeholder_ids = self.tokenizer(text, add_special_tokens=special)["input_ids"]
@@ -151,6 +160,25 @@ class ImagePrompts:
         return False
 
 
+def image_limit(options) -> int | None:
+    """The images vLLM takes per prompt, as `generate.vllm.limit_mm_per_prompt` sets them ({"image": N});
+    None: unset (the model's own limit) or another engine."""
+    if options.get("engine") != "vllm":
+        return None
+    limits = (options.get("vllm") or {}).get("limit_mm_per_prompt")
+    if isinstance(limits, str):
+        import json
+
+        try:
+            limits = json.loads(limits)
+        except ValueError:
+            return None
+    image = limits.get("image") if isinstance(limits, dict) else None
+    if isinstance(image, dict):  # vLLM's newer form: {"image": {"count": N, ...}}
+        image = image.get("count")
+    return image if isinstance(image, int) else None
+
+
 def conversation_with_parts(messages: Any) -> list[dict]:
     """A conversation whose contents may be strings or lists of parts (HF's chat format:
     {"type": "text", "text": ...} and {"type": "image"}, an image part taking the row's next image
@@ -192,6 +220,45 @@ def processor_batch(processor, rows: list[ImageRow], expected: list[list[int]], 
     inputs = {name: value for name, value in out.items() if isinstance(value, torch.Tensor)}
     inputs["input_ids"] = ids.masked_fill(mask == 0, pad_id)
     return inputs
+
+
+# Tokens per image when neither the processor's nor the model's config says: LLaVA's 24 x 24 patches.
+IMAGE_TOKENS_UNKNOWN = 576
+SEQUENCE_KEYS = ("image_seq_len", "image_seq_length", "num_image_tokens")
+
+
+def image_token_estimate(model_path: str) -> int:
+    """Tokens an image adds to its prompt, for the plan's cost (never exact: the processor's expansion
+    depends on the image's size), from the model folder's JSON: the processor's tokens per tile
+    (`image_seq_len`, ...), else the vision config's patches (image_size / patch_size, squared,
+    over a pixel shuffle's scale_factor squared), else IMAGE_TOKENS_UNKNOWN; times the tiles an
+    image-splitting processor cuts a large image into (its size over its tile size, squared, plus
+    the global tile). Torch-free: read when the Snakefile loads."""
+    processor = _json(model_path, "processor_config.json") or _json(model_path, "preprocessor_config.json")
+    images = processor.get("image_processor") or processor
+    config = _json(model_path, "config.json")
+    vision = config.get("vision_config") or {}
+    tokens = next((int(processor[key]) for key in SEQUENCE_KEYS if isinstance(processor.get(key), int)), None)
+    if tokens is None and vision.get("image_size") and vision.get("patch_size"):
+        patches = (int(vision["image_size"]) // int(vision["patch_size"])) ** 2
+        tokens = patches // int(config.get("scale_factor") or 1) ** 2
+    tiles = 1
+    size = (images.get("size") or {}).get("longest_edge")
+    tile = (images.get("max_image_size") or {}).get("longest_edge")
+    if images.get("do_image_splitting") and size and tile:
+        tiles = (-(-int(size) // int(tile))) ** 2 + 1
+    return max(tokens or IMAGE_TOKENS_UNKNOWN, 1) * tiles
+
+
+def _json(folder: str, name: str) -> dict:
+    import json
+
+    path = Path(folder) / name
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def has_processor(model_path: str) -> bool:

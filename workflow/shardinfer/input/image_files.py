@@ -1,0 +1,107 @@
+"""Image files named by path (`input.image_column` of strings): their identity, so that no stale row
+is presented as current when a file is replaced under the same path (the table unchanged). The
+image counterpart of `shardinfer.input.identity`, each layer as cheap as it can be:
+
+1. The plan lists, per shard, the image files its rows name with a digest of their sizes and mtimes
+   (stat only, `shard_images`). When the Snakefile loads, each infer job's param `images`
+   (`image_trigger`) stats its shard's files again: "planned" while they are as planned, else a
+   digest of their stats now. Snakemake reruns a job whose params changed, so a file replaced,
+   edited or removed reruns exactly the shards whose rows name it (older mtimes too), and nothing
+   else: not the plan, not the other shards.
+2. The shard job reads each file's bytes once (`read_image_file`): its size, mtime and ctime and a
+   SHA-256 of those bytes (computed where they are read anyway) go into the shard's stats
+   (`contract.shard_file.IMAGES_READ`).
+3. Gather stats each file its shards read (`image_changed`): the same size, mtime and ctime prove
+   it unchanged; otherwise its bytes are digested, and a file whose content is not what its shard
+   read is refused in one line naming the path and the row.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import hashlib
+import json
+import os
+from pathlib import Path
+
+PLANNED = "planned"
+
+
+def stat_of(path: Path) -> list[int] | None:
+    """[size, mtime_ns] of a file, None for a missing one."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return [stat.st_size, stat.st_mtime_ns]
+
+
+def stats_digest(folder: Path, names: list[str]) -> str:
+    """A short digest of each named file's size and mtime (or its absence), in order."""
+    stats = [(name, stat_of(folder / name)) for name in names]
+    return hashlib.sha256(json.dumps(stats).encode()).hexdigest()[:16]
+
+
+def shard_images(named: list[tuple[int, str]], ranges: tuple[tuple[int, int], ...], folder: Path) -> tuple[dict, ...]:
+    """Per shard, the image files its rows name (`named`: (row, name) in row order; each file once,
+    sorted) and the digest of their stats as planned: what the plan records under each shard."""
+    rows = [row for row, _ in named]
+    found = []
+    for start, end in ranges:
+        lo, hi = bisect.bisect_left(rows, start), bisect.bisect_left(rows, end)
+        names = sorted({name for _, name in named[lo:hi]})
+        found.append({"paths": names, "stats": stats_digest(folder, names)})
+    return tuple(found)
+
+
+@functools.lru_cache(maxsize=8)
+def _planned_images(plan_path: str, stamp: tuple[int, int]) -> list[dict | None]:
+    """Each shard's planned images of a plan file (cached per file version: read once, not per shard)."""
+    shards = json.loads(Path(plan_path).read_text()).get("shards") or []
+    return [shard.get("images") for shard in shards]
+
+
+def image_trigger(plan_path: str, shard: int, folder: Path) -> str:
+    """The infer job's param: "planned" while shard `shard`'s image files have the stats the plan
+    recorded (or no plan is there yet: every shard runs anyway), else a digest of their stats now."""
+    stamp = stat_of(Path(plan_path))
+    planned = _planned_images(plan_path, tuple(stamp)) if stamp else []
+    images = planned[shard] if shard < len(planned) else None
+    if not images:
+        return PLANNED
+    now = stats_digest(folder, images["paths"])
+    return PLANNED if now == images["stats"] else f"changed {now}"
+
+
+def read_image_file(folder: Path, name: str) -> tuple[bytes, dict]:
+    """A file's bytes and its identity as read: size, mtime_ns, ctime_ns and SHA-256; OSError for a
+    file that cannot be read or that changed while it was read."""
+    path = folder / name
+    before = os.stat(path)
+    data = path.read_bytes()
+    after = os.stat(path)
+    stamps = [(stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns) for stat in (before, after)]
+    if stamps[0] != stamps[1] or len(data) != after.st_size:
+        raise OSError(f"`{name}` changed while it was read")
+    return data, {"size": after.st_size, "mtime_ns": after.st_mtime_ns, "ctime_ns": after.st_ctime_ns,
+                  "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def image_changed(folder: Path, name: str, read: dict) -> str | None:
+    """Why a file is no longer what a shard job read (`read`: `read_image_file`'s identity), or None:
+    its stats as read prove it unchanged; else its bytes decide."""
+    path = folder / name
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return "is gone"
+    if (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns) == (read["size"], read["mtime_ns"], read["ctime_ns"]):
+        return None
+    try:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as error:
+        return f"cannot be read ({error.strerror or error})"
+    if digest == read["sha256"]:
+        return None
+    return f"has other content (size {read['size']} -> {stat.st_size}, sha256 {read['sha256'][:12]} -> {digest[:12]})"
