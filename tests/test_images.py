@@ -2,11 +2,14 @@
 real `snakemake` runs on both engines, and the rules that place images in a prompt.
 
 Two runs, made together and shared, both through the chat template (each image a part in front of
-its prompt, unless the prompt places it): a Parquet file of image bytes on vLLM's engine in one shard,
-and a folder of images named by relative paths (the same images, as files) on the transformers
-engine in three shards with `row_errors: record`, one more row naming an image that is not an
-image. Row for row they must agree: three shards equal one, paths equal bytes, transformers equals
-vLLM (greedy, float32), and the unreadable image is its row's error alone.
+its prompt, unless the prompt places it) and with `row_errors: record`: a Parquet file of image bytes
+on vLLM's engine in one shard, at most two images a prompt (`limit_mm_per_prompt`), and a folder of
+images named by relative paths (the same images, as files) on the transformers engine in three
+shards, one more row naming an image that is not an image. Row for row they must agree: three shards
+equal one, paths equal bytes, transformers equals vLLM (greedy, float32); the unreadable image is its
+row's error alone, and so on vLLM is the row of three images. Then the paths' run again, once, after
+an image was replaced under its name (older mtime, as `cp -p` leaves it) and another edited with its
+size and mtime put back: exactly the replaced image's shard reruns, and gather refuses the edited one.
 """
 
 from __future__ import annotations
@@ -21,13 +24,14 @@ import pyarrow as pa
 import pytest
 
 from conftest import made_once
-from factory import WORDS, read_predictions, run_workflows
+from factory import WORDS, read_predictions, run_workflow, run_workflows
 from tiny_vlm import build_tiny_vlm, image_bytes
 
 ROWS = 14  # the shared rows; the paths' input has one more, whose image cannot be read
 COLUMNS = ["generated", "n_prompt_tokens", "n_generated_tokens", "finish_reason"]
 JPEG_START = bytes([0xFF, 0xD8])
-NO_IMAGE, PLACED, TWO = 5, 8, 11  # a row without an image; one whose text places it; one with two images
+NO_IMAGE, PLACED, TWO, THREE = 5, 8, 11, 13  # a row without an image; whose text places it; of two; of three
+VLLM_LIMIT = {"image": 2}  # generate.vllm.limit_mm_per_prompt: row THREE is refused on vLLM alone
 
 
 def texts() -> list[str]:
@@ -42,13 +46,15 @@ def images() -> list[list[bytes]]:
     rows = [[image_bytes(seed, "JPEG" if seed % 3 == 0 else "PNG")] for seed in range(ROWS)]
     rows[NO_IMAGE] = []
     rows[TWO] = [image_bytes(100), image_bytes(101)]
+    rows[THREE] = [image_bytes(102), image_bytes(103), image_bytes(104)]
     return rows
 
 
 def vlm_config(data: Path, vlm: Path, shards: int, engine: str, **extra) -> dict:
     return {"input": {"path": str(data), "image_column": "image", "keep_columns": ["id"]},
-            "model": {"path": str(vlm), "task": "generate", "max_length": 80, "max_new_tokens": 12},
-            "generate": {"engine": engine, "chat_template": True},
+            "model": {"path": str(vlm), "task": "generate", "max_length": 96, "max_new_tokens": 12},
+            "generate": {"engine": engine, "chat_template": True,
+                         **({"vllm": {"limit_mm_per_prompt": VLLM_LIMIT}} if engine == "vllm" else {})},
             "batch": {"max_tokens": 4096, "max_rows": 4, "sort_window": 8},
             "shards": shards, **extra}
 
@@ -94,14 +100,14 @@ def vlm(tmp_path_factory):
 def runs(vlm, tmp_path_factory):
     """The two runs at once: vLLM over the bytes in one shard, transformers over the paths in three."""
     root = tmp_path_factory.mktemp("image-runs")
-    planned = {"vllm": (root / "vllm-1", vlm_config(bytes_input(root), vlm, 1, "vllm")),
+    record = {"mode": "record", "max": 1}
+    planned = {"vllm": (root / "vllm-1", vlm_config(bytes_input(root), vlm, 1, "vllm", row_errors=record)),
                "transformers": (root / "transformers-3",
-                                vlm_config(paths_input(root), vlm, 3, "transformers",
-                                           row_errors={"mode": "record", "max": 1}))}
+                                vlm_config(paths_input(root), vlm, 3, "transformers", row_errors=record))}
     results = dict(zip(planned, run_workflows(list(planned.values()))))
     for result in results.values():
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    return {name: (workdir, results[name]) for name, (workdir, _) in planned.items()}
+    return {name: (workdir, results[name], config) for name, (workdir, config) in planned.items()}
 
 
 def rows_of(frame: pd.DataFrame) -> list[tuple]:
@@ -114,8 +120,18 @@ pytestmark = pytest.mark.e2e
 def test_three_shards_of_paths_on_transformers_equal_one_shard_of_bytes_on_vllm(runs):
     vllm, transformers = read_predictions(runs["vllm"][0]), read_predictions(runs["transformers"][0])
     assert vllm["id"].tolist() == [f"r{i}" for i in range(ROWS)]
-    assert rows_of(transformers)[:ROWS] == rows_of(vllm)
+    others = [i for i in range(ROWS) if i != THREE]
+    assert [rows_of(transformers)[i] for i in others] == [rows_of(vllm)[i] for i in others]
     assert {"eos", "length"} <= set(vllm["finish_reason"])  # rows end both ways: the comparison covers both
+
+
+def test_a_row_over_vllms_image_limit_is_its_rows_error_there_alone(runs):
+    """Checked before the engine: vLLM would fail the whole window on it."""
+    vllm, transformers = read_predictions(runs["vllm"][0]), read_predictions(runs["transformers"][0])
+    assert vllm["error"].dropna().to_dict() == {
+        THREE: f"RowError: input.image_column `image`, row {THREE}: 3 images, above generate.vllm.limit_mm_per_prompt "
+               "image 2 (what vLLM takes per prompt)"}
+    assert pd.isna(vllm["generated"][THREE]) and isinstance(transformers["generated"][THREE], str)
 
 
 def test_each_prompt_is_the_processors_expansion(runs, vlm):
@@ -126,8 +142,9 @@ def test_each_prompt_is_the_processors_expansion(runs, vlm):
     from transformers import AutoProcessor
 
     processor = AutoProcessor.from_pretrained(vlm)
-    frame = read_predictions(runs["vllm"][0])
+    frames = {"vllm": read_predictions(runs["vllm"][0]), "transformers": read_predictions(runs["transformers"][0])}
     for i, (text, pictures) in enumerate(zip(texts(), images())):
+        frame = frames["transformers" if i == THREE else "vllm"]  # vLLM refuses three images (VLLM_LIMIT)
         opened = [Image.open(io.BytesIO(picture)).convert("RGB") for picture in pictures]
         content = text if "<image>" in text else [*[{"type": "image"}] * len(opened), {"type": "text", "text": text}]
         prompt = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
@@ -135,11 +152,11 @@ def test_each_prompt_is_the_processors_expansion(runs, vlm):
         expected = processor(text=[prompt], images=[opened] if opened else None,
                              add_special_tokens=False)["input_ids"][0]
         assert frame["n_prompt_tokens"][i] == len(expected), i
-    assert frame["n_prompt_tokens"][NO_IMAGE] == len(texts()[NO_IMAGE].split()) + 2  # <|user|>, <|assistant|>
+    assert frames["vllm"]["n_prompt_tokens"][NO_IMAGE] == len(texts()[NO_IMAGE].split()) + 2  # <|user|>, <|assistant|>
 
 
 def test_an_unreadable_image_is_its_rows_error(runs):
-    workdir, result = runs["transformers"]
+    workdir, result, _ = runs["transformers"]
     frame = read_predictions(workdir)
     errors = frame["error"].dropna()
     assert errors.index.tolist() == [ROWS]
@@ -149,3 +166,64 @@ def test_an_unreadable_image_is_its_rows_error(runs):
     shards = summary["per_shard"]
     assert [s["row_errors"] for s in shards] == [0, 0, 1] and shards[2]["first_row_errors"] == [ROWS]
     assert f"WARNING 1 of {ROWS + 1} rows failed (first rows: {ROWS})" in result.stdout + result.stderr
+
+
+def one_image_rows(plan: dict, shard: int) -> list[int]:
+    """The rows of a shard of the paths' run that hold exactly one image."""
+    counts = [len(pictures) for pictures in images()]
+    entry = plan["shards"][shard]
+    return [i for i in range(entry["start"], min(entry["end"], ROWS)) if counts[i] == 1]
+
+
+def image_name(folder: Path, row: int) -> str:
+    return next(path.name for path in (folder / "images").glob(f"{row}-0.*"))
+
+
+@pytest.fixture(scope="module")
+def changed_images(runs):
+    """The paths' run again after row `replaced`'s image (in shard 1) was replaced by another under its
+    name, with an older mtime, and row `edited`'s image (in shard 0) edited with its size and mtime put
+    back: what each shard file was before and after, and the run."""
+    import os
+
+    workdir, _, config = runs["transformers"]
+    folder = Path(config["input"]["path"]).parent
+    plan = json.loads((workdir / "results" / "plan.json").read_text())
+    replaced, edited = one_image_rows(plan, 1)[0], one_image_rows(plan, 0)[0]
+    shards = [workdir / "results" / "shards" / f"{k}.parquet" for k in range(3)]
+    before = [(path.stat().st_mtime_ns, pd.read_parquet(path)) for path in shards]
+    target = folder / "images" / image_name(folder, replaced)
+    old = target.stat()
+    target.write_bytes(image_bytes(200, "JPEG" if target.suffix == ".jpg" else "PNG"))
+    os.utime(target, ns=(old.st_atime_ns, old.st_mtime_ns - 10**9))
+    other = folder / "images" / image_name(folder, edited)
+    stat, data = other.stat(), bytearray(other.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    other.write_bytes(bytes(data))
+    os.utime(other, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    result = run_workflow(workdir, config)
+    after = [(path.stat().st_mtime_ns, pd.read_parquet(path)) for path in shards]
+    return {"replaced": replaced, "edited": edited, "before": before, "after": after, "result": result,
+            "plan": plan, "workdir": workdir, "folder": folder}
+
+
+def test_a_replaced_image_reruns_exactly_its_shard(changed_images):
+    before, after = changed_images["before"], changed_images["after"]
+    assert [b[0] == a[0] for b, a in zip(before, after)] == [True, False, True]  # shard 1 alone was rewritten
+    row = changed_images["replaced"]
+    old, new = before[1][1].set_index("index"), after[1][1].set_index("index")
+    assert old.loc[row, COLUMNS].tolist() != new.loc[row, COLUMNS].tolist()  # the new image's row
+    assert old.drop(index=row)[COLUMNS].equals(new.drop(index=row)[COLUMNS])  # its other rows: as they were
+    plan = json.loads((changed_images["workdir"] / "results" / "plan.json").read_text())
+    assert plan == changed_images["plan"]  # not replanned
+
+
+def test_gather_refuses_an_image_edited_since_its_shard_read_it(changed_images):
+    result, row = changed_images["result"], changed_images["edited"]
+    assert result.returncode != 0
+    name = image_name(changed_images["folder"], row)
+    found = [line for line in (result.stdout + result.stderr).splitlines()
+             if f"image `images/{name}` (row {row}) has other content" in line]
+    assert found and found[0].endswith("since shard 0 read it; rerun that shard (snakemake --forcerun "
+                                       "results/shards/0.parquet)"), result.stderr[-3000:]
+    assert not (changed_images["workdir"] / "results" / "predictions.parquet").exists()  # no stale table
