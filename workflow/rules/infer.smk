@@ -28,12 +28,12 @@ rule infer:
     params:
         # Without a shared filesystem in the parts layout: one part per shard (shardinfer.layout).
         **LAYOUT.infer_params,
-        settings=LAYOUT.input_value("job_settings"),
-        digest=LAYOUT.input_value("digest"),
-        tokenizer_key=LAYOUT.tokenizer_key,
         # Only a rerun trigger, with input.image_column: an image file its rows name replaced,
         # edited or removed reruns this shard alone (shardinfer.input.image_files).
         **LAYOUT.image_params,
+        settings=LAYOUT.input_value("job_settings"),
+        digest=LAYOUT.input_value("digest"),
+        tokenizer_key=LAYOUT.tokenizer_key,
         outdated=LAYOUT.outdated,
     script:
         "../../scripts/infer.py"

@@ -13,12 +13,13 @@ rule plan:
     conda:
         "../../envs/inference.yaml"
     params:
+        # With input.image_column, the tokens an image adds to its row's cost (image_cost).
+        **PLAN_IMAGE_PARAMS,
         input=LAYOUT.input_value("plan_input"),
         shards=LAYOUT.input_value("shards"),
         max_length=SETTINGS.model.max_length,
         # What a row adds to its cost in a batch (generate: max_new_tokens), balanced too.
         overhead=PLAN_OVERHEAD,
-        **PLAN_IMAGE_PARAMS,
         shard_dir=LAYOUT.shard_dir,
         files_dir=LAYOUT.files_root,
         # Only a rerun trigger: a replaced input with an older mtime replans too.
