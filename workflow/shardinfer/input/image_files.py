@@ -7,7 +7,8 @@ image counterpart of `shardinfer.input.identity`, each layer as cheap as it can 
    (`image_trigger`) stats its shard's files again: "planned" while they are as planned, else a
    digest of their stats now. Snakemake reruns a job whose params changed, so a file replaced,
    edited or removed reruns exactly the shards whose rows name it (older mtimes too), and nothing
-   else: not the plan, not the other shards.
+   else: not the plan, not the other shards. (A file changed in the same run as a replan is seen
+   against the old plan: its shard reruns once more in the next run, against the new plan's stats.)
 2. The shard job reads each file's bytes once (`read_image_file`): its size, mtime and ctime and a
    SHA-256 of those bytes (computed where they are read anyway) go into the shard's stats
    (`contract.shard_file.IMAGES_READ`).
