@@ -45,7 +45,8 @@ log = logging.getLogger(__name__)
 # 3: the input's content digest; 4: each shard's span (CSV/JSONL) and the JSONL fields;
 # 5: the input's parts (path, first row, rows, size, mtime, digest) and each shard's pieces of them;
 # 6: each part's staged copy (path, size, mtime, digest) or null; `input.fields` (was jsonl_fields), for
-# Parquet parts of differing types too (and, since, each shard's `cut` or null: absent reads as null);
+# Parquet parts of differing types too (and, since, each shard's `cut` or null: absent reads as null; and
+# its `images`, absent without images named by path);
 # 7: a span is the format's own positions {row, at, stop} (6: a text span {row, line, byte, stop_byte}),
 # and `input.options` the format's options as configured (6: `input.split`). Version 6 is still read.
 PLAN_VERSION = 7
@@ -256,7 +257,9 @@ def write_plan(plan: Plan, path: str) -> None:
     format's position `at`, where the part's row `row` begins, and stop before position `stop`
     (null: the end); a text format's positions are {line, byte}. The JSONL fields (or the types of
     Parquet parts that differ) are written once, under `input.fields`; the format's options as
-    configured under `input.options`."""
+    configured under `input.options`. With images named by path, each shard's `images`:
+    {paths (the files its rows name), stats (a digest of their sizes and mtimes)}:
+    `shardinfer.input.image_files`."""
     position = {part.path: k for k, part in enumerate(plan.parts)}
     fields = {"fields": fields_to_json(plan.fields)} if plan.fields is not None else {}
     write_json_atomic(

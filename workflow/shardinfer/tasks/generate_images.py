@@ -4,8 +4,10 @@
   path relative to the input's folder (a string: JSONL's base64 is not decoded), or a Hugging Face
   `datasets` Image struct {bytes, path}; null or an empty list: no image. Each image is decoded with
   PIL in the shard's prepare stage (the shard's own rows only) and converted to RGB, so both engines
-  get the same pixels; one that cannot be read is its row's error (`row_errors: record`) or fails
-  the shard in one line naming the row.
+  get the same pixels; one that cannot be read, or a row of more images than vLLM takes
+  (`generate.vllm.limit_mm_per_prompt`), is its row's error (`row_errors: record`) or fails the
+  shard in one line naming the row. A file read by path is recorded as read (size, times, SHA-256:
+  `ImagePrompts.read`, the task's stats), which gather proves (`shardinfer.input.image_files`).
 - **The prompt** (a text, or a conversation whose contents are strings or HF chat parts: an
   {"type": "image"} part takes the row's next image) gets its images where it holds the
   processor's image token (`<image>`) or image parts, one per image; where it holds none, in front: as
@@ -26,6 +28,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,8 +170,6 @@ def image_limit(options) -> int | None:
         return None
     limits = (options.get("vllm") or {}).get("limit_mm_per_prompt")
     if isinstance(limits, str):
-        import json
-
         try:
             limits = json.loads(limits)
         except ValueError:
@@ -251,8 +252,6 @@ def image_token_estimate(model_path: str) -> int:
 
 
 def _json(folder: str, name: str) -> dict:
-    import json
-
     path = Path(folder) / name
     try:
         data = json.loads(path.read_text())
