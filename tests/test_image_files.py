@@ -13,7 +13,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from shardinfer.config import InputSettings
-from shardinfer.input.image_files import PLANNED, image_changed, image_trigger, read_image_file
+from shardinfer.input.image_files import (
+    PLANNED,
+    gather_image_trigger,
+    image_changed,
+    image_trigger,
+    read_image_file,
+)
 from shardinfer.input.images import column_images
 from shardinfer.plan import make_plan, read_plan, write_plan
 from shardinfer.tasks.generate_images import image_limit, image_token_estimate
@@ -55,6 +61,20 @@ def test_a_replaced_file_changes_the_trigger_of_the_shards_naming_it_alone(tmp_p
     (tmp_path / "a.png").unlink()
     assert PLANNED not in triggers()[:2] and triggers()[1] != changed[1]
     assert image_trigger(str(tmp_path / "no-plan.json"), 0, tmp_path) == PLANNED  # no plan yet: all run anyway
+
+
+def test_a_file_rewritten_with_its_size_and_mtime_put_back_reruns_gather_alone(tmp_path):
+    inp = named_input(tmp_path, [["a.png"], ["b.png"]])
+    write_plan(make_plan(inp, 2, 80), str(tmp_path / "plan.json"))
+    plan = str(tmp_path / "plan.json")
+    assert gather_image_trigger(plan, tmp_path) == PLANNED
+    stat, data = os.stat(tmp_path / "b.png"), bytearray((tmp_path / "b.png").read_bytes())
+    data[-5] ^= 0xFF
+    (tmp_path / "b.png").write_bytes(bytes(data))
+    os.utime(tmp_path / "b.png", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert [image_trigger(plan, shard, tmp_path) for shard in range(2)] == [PLANNED, PLANNED]
+    assert gather_image_trigger(plan, tmp_path).startswith("changed ")
+    assert gather_image_trigger(str(tmp_path / "no-plan.json"), tmp_path) == PLANNED
 
 
 def test_gather_tells_a_touched_file_from_a_replaced_one(tmp_path):

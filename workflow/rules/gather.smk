@@ -19,6 +19,9 @@ rule gather:
     params:
         # Without a shared filesystem in the parts layout, the parts' names in the bucket.
         **LAYOUT.gather_params,
+        # Only a rerun trigger, with input.image_column: an image file rewritten with its size and
+        # mtime put back is checked again by its bytes (shardinfer.input.image_files).
+        **LAYOUT.gather_image_params,
         settings=LAYOUT.input_value("job_settings"),
         digest=LAYOUT.input_value("digest"),
         # gather's alone, not the shards': changing `evaluate:` reruns gather and the report only.

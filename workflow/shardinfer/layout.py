@@ -22,14 +22,14 @@ gather proves it by without downloading it.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from shardinfer.config import Settings
 from shardinfer.errors import UserError
 from shardinfer.input.formats.openai_batch import NAME as BATCH_FORMAT
-from shardinfer.input.image_files import image_trigger
+from shardinfer.input.image_files import gather_image_trigger, image_trigger
 from shardinfer.input.images import input_folder
 from shardinfer.proof.batch_output import OUTPUT_NAME
 from shardinfer.proof.manifest import MANIFEST_NAME, part_name, part_width
@@ -246,17 +246,27 @@ class Layout:
 
     @property
     def image_params(self) -> dict[str, Any]:
-        """The infer job's rerun trigger for the image files its rows name, on a shared filesystem and
-        with input.image_column (`image_files.image_trigger`); none otherwise."""
+        """The infer job's rerun trigger for the image files its rows name (`image_files.image_trigger`)."""
+        return self._image_trigger("images", lambda plan, wildcards, folder: image_trigger(
+            plan, int(wildcards.shard), folder))
+
+    @property
+    def gather_image_params(self) -> dict[str, Any]:
+        """Gather's rerun trigger for every image file (`image_files.gather_image_trigger`)."""
+        return self._image_trigger("image_identity", lambda plan, wildcards, folder: gather_image_trigger(
+            plan, folder))
+
+    def _image_trigger(self, name: str, trigger: Callable) -> dict[str, Any]:
+        """{name: a param function of the job's wildcards}, on a shared filesystem with input.image_column;
+        none otherwise (no other config's params change)."""
         if self.storage or not any(jobs.settings.input.image_columns for jobs in self.inputs.values()):
             return {}
 
-        def images(wildcards) -> str:
-            name = wildcards.get("name")
-            folder = input_folder(self.inputs[name].settings.input.path)
-            return image_trigger(fill(self.path("results/plan.json"), name=name), int(wildcards.shard), folder)
+        def param(wildcards) -> str:
+            folder = input_folder(self.inputs[wildcards.get("name")].settings.input.path)
+            return trigger(fill(self.path("results/plan.json"), name=wildcards.get("name")), wildcards, folder)
 
-        return {"images": images}
+        return {name: param}
 
     @property
     def gather_shards(self) -> dict[str, Any]:

@@ -9,6 +9,8 @@ image counterpart of `shardinfer.input.identity`, each layer as cheap as it can 
    edited or removed reruns exactly the shards whose rows name it (older mtimes too), and nothing
    else: not the plan, not the other shards. (A file changed in the same run as a replan is seen
    against the old plan: its shard reruns once more in the next run, against the new plan's stats.)
+   Gather's param `image_identity` (`gather_image_trigger`) does the same with their ctimes and
+   inodes: a file rewritten with its size and mtime put back reruns gather alone, which decides.
 2. The shard job reads each file's bytes once (`read_image_file`): its size, mtime and ctime and a
    SHA-256 of those bytes (computed where they are read anyway) go into the shard's stats
    (`contract.shard_file.IMAGES_READ`).
@@ -27,32 +29,36 @@ import os
 from pathlib import Path
 
 PLANNED = "planned"
+SIZE_MTIME = ("st_size", "st_mtime_ns")  # what reruns a shard (its infer param)
+CTIME_INODE = ("st_ctime_ns", "st_ino")  # what reruns gather, whose digests decide (its param)
 
 
-def stat_of(path: Path) -> list[int] | None:
-    """[size, mtime_ns] of a file, None for a missing one."""
+def stat_of(path: Path, keys: tuple[str, ...] = SIZE_MTIME) -> list[int] | None:
+    """The `os.stat` fields `keys` of a file, None for a missing one."""
     try:
         stat = os.stat(path)
     except OSError:
         return None
-    return [stat.st_size, stat.st_mtime_ns]
+    return [getattr(stat, key) for key in keys]
 
 
-def stats_digest(folder: Path, names: list[str]) -> str:
-    """A short digest of each named file's size and mtime (or its absence), in order."""
-    stats = [(name, stat_of(folder / name)) for name in names]
+def stats_digest(folder: Path, names: list[str], keys: tuple[str, ...] = SIZE_MTIME) -> str:
+    """A short digest of each named file's `keys` (or its absence), in order."""
+    stats = [(name, stat_of(folder / name, keys)) for name in names]
     return hashlib.sha256(json.dumps(stats).encode()).hexdigest()[:16]
 
 
 def shard_images(named: list[tuple[int, str]], ranges: tuple[tuple[int, int], ...], folder: Path) -> tuple[dict, ...]:
     """Per shard, the image files its rows name (`named`: (row, name) in row order; each file once,
-    sorted) and the digest of their stats as planned: what the plan records under each shard."""
+    sorted) and the digests of their stats as planned (`stats`: sizes and mtimes; `ctimes`: ctimes
+    and inodes): what the plan records under each shard."""
     rows = [row for row, _ in named]
     found = []
     for start, end in ranges:
         lo, hi = bisect.bisect_left(rows, start), bisect.bisect_left(rows, end)
         names = sorted({name for _, name in named[lo:hi]})
-        found.append({"paths": names, "stats": stats_digest(folder, names)})
+        found.append({"paths": names, "stats": stats_digest(folder, names),
+                      "ctimes": stats_digest(folder, names, CTIME_INODE)})
     return tuple(found)
 
 
@@ -63,16 +69,32 @@ def _planned_images(plan_path: str, stamp: tuple[int, int]) -> list[dict | None]
     return [shard.get("images") for shard in shards]
 
 
-def image_trigger(plan_path: str, shard: int, folder: Path) -> str:
-    """The infer job's param: "planned" while shard `shard`'s image files have the stats the plan
-    recorded (or no plan is there yet: every shard runs anyway), else a digest of their stats now."""
+def planned_images(plan_path: str) -> list[dict | None]:
+    """Each shard's `shard_images` entry in the plan file there, none where there is no plan yet."""
     stamp = stat_of(Path(plan_path))
-    planned = _planned_images(plan_path, tuple(stamp)) if stamp else []
+    return _planned_images(plan_path, tuple(stamp)) if stamp else []
+
+
+def image_trigger(plan_path: str, shard: int, folder: Path) -> str:
+    """The infer job's param: "planned" while shard `shard`'s image files have the sizes and mtimes
+    the plan recorded (or no plan is there yet: every shard runs anyway), else a digest of them now."""
+    planned = planned_images(plan_path)
     images = planned[shard] if shard < len(planned) else None
     if not images:
         return PLANNED
     now = stats_digest(folder, images["paths"])
     return PLANNED if now == images["stats"] else f"changed {now}"
+
+
+def gather_image_trigger(plan_path: str, folder: Path) -> str:
+    """The gather job's param: "planned" while every shard's image files have the ctimes and inodes the
+    plan recorded, else a digest of them now. A file rewritten with its size and mtime put back reruns
+    no shard (`image_trigger`), but gather, whose check of the files' bytes (`image_changed`) refuses it."""
+    planned = [images for images in planned_images(plan_path) if images and "ctimes" in images]
+    now = [stats_digest(folder, images["paths"], CTIME_INODE) for images in planned]
+    if now == [images["ctimes"] for images in planned]:
+        return PLANNED
+    return "changed " + hashlib.sha256(" ".join(now).encode()).hexdigest()[:16]
 
 
 def read_image_file(folder: Path, name: str) -> tuple[bytes, dict]:
