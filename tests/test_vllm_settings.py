@@ -267,22 +267,6 @@ def test_outputs_become_their_rows_results():
     assert not engine_refused(outputs[0]) and engine_refused(output("3", [2], [], "error"))
 
 
-def test_a_rows_samples_come_in_their_order_with_their_log_probabilities():
-    """vLLM numbers a row's n completions (here handed back in reverse); each position's dict holds the
-    chosen token (any rank) and the top k by rank: they become the chosen's value and the top k in order."""
-    from vllm.logprobs import Logprob
-
-    positions = [{4: Logprob(-0.5, 1), 7: Logprob(-1.5, 2)},
-                 {3: Logprob(-2.0, 3), 8: Logprob(-0.1, 1), 9: Logprob(-0.9, 2)}]
-    got = rows_results([output("0", [2], [4, 3], "stop", n=3, logprobs=positions)], [[2]], [10], EOS,
-                       params(n=3, logprobs=2, rows=1))
-    (row,) = got["completions"]
-    assert len(row) == 3 and all(c.tokens.tolist() == [4, 3] and c.finish == 1 for c in row)
-    lp = row[0].logprobs
-    assert lp.chosen.tolist() == [-0.5, -2.0]
-    assert lp.top_ids.tolist() == [[4, 7], [8, 9]] and np.allclose(lp.top_values, [[-0.5, -1.5], [-0.1, -0.9]])
-
-
 @pytest.mark.parametrize("outputs,says", [
     ([output("0", [2, 5], [8]), output("1", [2, 6, 6], [8])], "row 11: vLLM ran other prompt token ids"),
     ([output("0", [2, 5], [8]), output("1", [2, 6], [8], n=2)], r"row 11: vLLM returned completions \[0, 1\], not"),

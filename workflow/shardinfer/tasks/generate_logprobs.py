@@ -41,17 +41,20 @@ class SampleLogprobs:
 
 
 class TokenTexts:
-    """Each token id's text, decoded once per job (`tokenizer.decode([id])`)."""
+    """Each token id's text, decoded once per job (`tokenizer.decode([id])`), and a column of texts
+    built by Arrow from the distinct ids: Python touches each distinct id, not each position."""
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer, self.known = tokenizer, {}
 
-    def of(self, ids: np.ndarray) -> list[str]:
-        missing = sorted({int(i) for i in np.unique(ids)} - set(self.known))
+    def of(self, ids: np.ndarray) -> pa.Array:
+        distinct, inverse = np.unique(np.asarray(ids).reshape(-1), return_inverse=True)
+        missing = [i for i in distinct.tolist() if i not in self.known]
         if missing:
             texts = self.tokenizer.batch_decode([[i] for i in missing], skip_special_tokens=False)
             self.known.update(zip(missing, texts))
-        return [self.known[int(i)] for i in ids]
+        texts = pa.array([self.known[i] for i in distinct.tolist()], pa.string())
+        return texts.take(pa.array(inverse.reshape(-1).astype(np.int64)))
 
 
 def logprobs_array(tokens: list[np.ndarray], samples: list[SampleLogprobs | None], texts: TokenTexts) -> pa.Array:
@@ -64,9 +67,9 @@ def logprobs_array(tokens: list[np.ndarray], samples: list[SampleLogprobs | None
                             or [np.zeros(0, np.int32)])
     top_ids = np.concatenate([s.top_ids.reshape(-1) for _, s in asked] or [np.zeros(0, np.int32)]).astype(np.int32)
     top_values = np.concatenate([s.top_values.reshape(-1) for _, s in asked] or [np.zeros(0, np.float32)])
-    top = pa.StructArray.from_arrays([pa.array(texts.of(top_ids), pa.string()), pa.array(top_ids),
+    top = pa.StructArray.from_arrays([texts.of(top_ids), pa.array(top_ids),
                                       pa.array(top_values.astype(np.float32))], fields=list(TOP))
-    entries = pa.StructArray.from_arrays([pa.array(texts.of(ids), pa.string()), pa.array(ids), pa.array(chosen),
+    entries = pa.StructArray.from_arrays([texts.of(ids), pa.array(ids), pa.array(chosen),
                                           pa.ListArray.from_arrays(pa.array(offsets(widths)), top)], fields=list(ENTRY))
     lengths = [len(t) if s is not None else 0 for t, s in zip(tokens, samples)]
     missing = pa.array([s is None for s in samples]) if any(s is None for s in samples) else None

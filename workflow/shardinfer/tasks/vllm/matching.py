@@ -49,20 +49,23 @@ def row_completions(outputs: list, params: RowParams, eos_ids: list[int], row: i
 
 
 def sample_logprobs(positions, tokens: np.ndarray, k: int, row: int) -> SampleLogprobs:
-    """vLLM's log-probabilities of a completion (per position, the chosen token and the top k by
-    rank, in a dict by token id) as the chosen token's and the top k's, most likely first."""
+    """vLLM's log-probabilities of a completion as the chosen token's and the top k's, most likely
+    first. They come flat (`SamplingParams(flat_logprobs=True)`, `VllmGenerate.sampling_params`):
+    per position k + 1 entries, the chosen token first, then the top k by rank (a chosen token among
+    the top k comes twice, with one value), so the arrays are reshapes of vLLM's lists, without a
+    Python object per position."""
+    width = k + 1
     if positions is None or len(positions) != len(tokens):
         raise UserError(f"row {row}: vLLM returned log-probabilities for {0 if positions is None else len(positions)} "
                         f"of its {len(tokens)} tokens")
-    chosen = np.zeros(len(tokens), dtype=np.float32)
-    top_ids, top_values = np.zeros((len(tokens), k), dtype=np.int32), np.zeros((len(tokens), k), dtype=np.float32)
-    for step, (token, entries) in enumerate(zip(tokens.tolist(), positions)):
-        chosen[step] = entries[token].logprob
-        ranked = sorted((entry.rank, -entry.logprob, token_id) for token_id, entry in entries.items()
-                        if entry.rank is not None and entry.rank <= k)
-        top_ids[step] = [token_id for *_, token_id in ranked[:k]]
-        top_values[step] = [-value for _, value, _ in ranked[:k]]
-    return SampleLogprobs(chosen, top_ids, top_values)
+    starts = np.asarray(positions.start_indices, dtype=np.int64)
+    if len(positions.token_ids) != width * len(tokens) or not np.array_equal(starts, np.arange(len(tokens)) * width):
+        raise UserError(f"row {row}: vLLM returned other than the chosen and top {k} log-probabilities per position")
+    ids = np.asarray(positions.token_ids, dtype=np.int64).reshape(len(tokens), width)
+    values = np.asarray(positions.logprobs, dtype=np.float32).reshape(len(tokens), width)
+    if not np.array_equal(ids[:, 0], tokens):
+        raise UserError(f"row {row}: vLLM returned log-probabilities of other tokens than it generated")
+    return SampleLogprobs(values[:, 0].copy(), ids[:, 1:].astype(np.int32), values[:, 1:].copy())
 
 
 def finish_code(reason: str | None, stop_reason, eos_ids: list[int], stops, row: int) -> int:

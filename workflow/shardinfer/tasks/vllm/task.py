@@ -124,13 +124,14 @@ class VllmGenerate(Generate):
 
     def sampling_params(self, params: RowParams, index: int):
         """A row's SamplingParams: its n samples seeded row_seed + j (vLLM seeds sample j so), its
-        log-probabilities and structured output as asked."""
+        log-probabilities (flat: a few lists per completion, not a dict and objects per position;
+        `matching.sample_logprobs`) and structured output as asked."""
         from vllm import SamplingParams
 
         sampled = {"temperature": params.temperature, "top_p": params.top_p, "seed": row_seed(params.seed, index)}
         return SamplingParams(max_tokens=params.max_new_tokens, stop_token_ids=list(self.eos_ids),
                               stop=list(params.stop) or None, detokenize=bool(params.stop), skip_special_tokens=True,
-                              n=params.n, logprobs=params.logprobs,
+                              n=params.n, logprobs=params.logprobs, flat_logprobs=True,
                               structured_outputs=structured_params(params.structured),
                               **(sampled if params.do_sample else {"temperature": 0.0}), **self.sampling_defaults)
 
