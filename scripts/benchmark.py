@@ -46,7 +46,7 @@ each one's engine start-up, rows/s while generating and end to end, and whether 
 On a 2-core machine it checks that parallel 2 runs and gives the same rows, not that it is faster.
 
 `--task generate --variants` instead times what the generation features cost (n=4, logprobs, a JSON
-schema against sampling alone), once each, on each engine's shard job and on bare vLLM with the
+schema against sampling alone), `--repeats` rounds, on each engine's shard job and on bare vLLM with the
 same SamplingParams (scripts/generate_variants.py).
 """
 
@@ -480,7 +480,8 @@ def bench_generate(args: argparse.Namespace, work: Path) -> None:
     torch.ones(1, device=args.device)  # start CUDA (or not) outside the timings
     if args.variants:
         print(f"\n{shape}, {rows} prompts, max_new_tokens {args.max_new_tokens}, sampled; generation variants")
-        return bench_variants(settings, work, args.device, args.engines, args.vllm_args, child)
+        return bench_variants(settings, work, args.device, args.engines, args.vllm_args, child, args.repeats,
+                              args.only and args.only.split(","))
     vllm = dataclasses.replace(settings, task_settings={"engine": "vllm", "vllm": args.vllm_args})
     variants = {} if args.engines_only else {
         "naive": partial(naive_generate, model_dir, texts[: args.naive_rows], args.device, args.max_new_tokens),
@@ -741,6 +742,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--variants", action="store_true",
                         help="generate: n=4, logprobs and a JSON schema against sampling alone, on each engine's "
                              "shard job and bare vLLM with the same SamplingParams (scripts/generate_variants.py)")
+    parser.add_argument("--only", default=None,
+                        help="generate --variants: these variants only (comma-separated among n4, logprobs, json; "
+                             "sampled, their base, always runs)")
     parser.add_argument("--vllm-args", type=json.loads, default={},
                         help='generate: generate.vllm for the vLLM variants, as JSON (e.g. \'{"max_num_seqs": 128}\')')
     parser.add_argument("--bad-rows", type=int, default=10,
