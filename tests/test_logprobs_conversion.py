@@ -1,16 +1,17 @@
 """Log-probabilities from the engines into the `logprobs` column, without an engine: vLLM's flat
 container (built by vLLM's own functions) read as arrays must give exactly what the per-position
-dicts gave, and the column built from flat arrays must hold each position's token text, id and
-value as `generate_logprobs` documents them."""
+dicts gave (the old reading, kept as the naive way in scripts/benchmark_logprobs.py), and the column
+built from flat arrays must hold each position's token text, id and value as `generate_logprobs`
+documents them."""
 
 from __future__ import annotations
 
-import itertools
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from benchmark_logprobs import dict_sample_logprobs, engine_logprobs
 from factory import save_bytes_tokenizer
 from shardinfer.errors import UserError
 from shardinfer.tasks.generate_logprobs import SampleLogprobs, TokenTexts, logprobs_array
@@ -18,21 +19,10 @@ from shardinfer.tasks.generate_params import RowParams
 from shardinfer.tasks.vllm.matching import rows_results, sample_logprobs
 
 
-def engine_logprobs(steps: list[tuple[list[int], list[float], int]], k: int, flat: bool = True):
-    """A completion's log-probabilities as vLLM's output processor stores them, by its own function:
-    per step the sampler's ids and values (the chosen token first, then the top k) and the chosen's rank."""
-    from vllm.logprobs import append_logprobs_for_next_position, create_sample_logprobs
-
-    positions = create_sample_logprobs(flat)
-    for ids, values, rank in steps:
-        append_logprobs_for_next_position(positions, ids, values, itertools.repeat(None), rank, k)
-    return positions
-
-
 def test_a_rows_samples_come_in_their_order_with_their_log_probabilities():
     """vLLM numbers a row's n completions (here handed back in reverse); each position holds the
     chosen token (any rank) and the top k by rank: they become the chosen's value and the top k in order."""
-    positions = engine_logprobs([([4, 4, 7], [-0.5, -0.5, -1.5], 1), ([3, 8, 9], [-2.0, -0.1, -0.9], 3)], k=2)
+    positions = engine_logprobs([([4, 4, 7], [-0.5, -0.5, -1.5], 1), ([3, 8, 9], [-2.0, -0.1, -0.9], 3)], 2, flat=True)
     completions = [SimpleNamespace(index=j, token_ids=[4, 3], finish_reason="stop", stop_reason=None,
                                    logprobs=positions) for j in range(3)][::-1]
     asked = RowParams(max_new_tokens=4, do_sample=True, n=3, logprobs=2)
@@ -42,20 +32,6 @@ def test_a_rows_samples_come_in_their_order_with_their_log_probabilities():
     lp = row[0].logprobs
     assert lp.chosen.tolist() == [-0.5, -2.0]
     assert lp.top_ids.tolist() == [[4, 7], [8, 9]] and np.allclose(lp.top_values, [[-0.5, -1.5], [-0.1, -0.9]])
-
-
-def dict_sample_logprobs(positions: list[dict], tokens: np.ndarray, k: int) -> SampleLogprobs:
-    """The conversion as it was, from vLLM's per-position dicts (a Python sort per position): the
-    reference the flat one must equal."""
-    chosen = np.zeros(len(tokens), dtype=np.float32)
-    top_ids, top_values = np.zeros((len(tokens), k), dtype=np.int32), np.zeros((len(tokens), k), dtype=np.float32)
-    for step, (token, entries) in enumerate(zip(tokens.tolist(), positions)):
-        chosen[step] = entries[token].logprob
-        ranked = sorted((entry.rank, -entry.logprob, token_id) for token_id, entry in entries.items()
-                        if entry.rank is not None and entry.rank <= k)
-        top_ids[step] = [token_id for *_, token_id in ranked[:k]]
-        top_values[step] = [-value for _, value, _ in ranked[:k]]
-    return SampleLogprobs(chosen, top_ids, top_values)
 
 
 def sampler_steps(k: int, steps: int = 40) -> tuple[list, np.ndarray]:
@@ -76,7 +52,7 @@ def sampler_steps(k: int, steps: int = 40) -> tuple[list, np.ndarray]:
 def test_flat_log_probabilities_give_what_the_per_position_dicts_gave(k):
     """The same sampler output stored flat and as dicts: the flat reading equals the old dict reading."""
     steps, tokens = sampler_steps(k)
-    flat = sample_logprobs(engine_logprobs(steps, k), tokens, k, row=0)
+    flat = sample_logprobs(engine_logprobs(steps, k, flat=True), tokens, k, row=0)
     old = dict_sample_logprobs(list(engine_logprobs(steps, k, flat=False)), tokens, k)
     for name in ("chosen", "top_ids", "top_values"):
         assert getattr(flat, name).dtype == getattr(old, name).dtype
@@ -84,7 +60,7 @@ def test_flat_log_probabilities_give_what_the_per_position_dicts_gave(k):
 
 
 def test_flat_log_probabilities_of_other_tokens_fail_the_row():
-    positions = engine_logprobs([([4, 4], [-0.5, -0.5], 1), ([3, 8], [-2.0, -0.1], 2)], k=1)
+    positions = engine_logprobs([([4, 4], [-0.5, -0.5], 1), ([3, 8], [-2.0, -0.1], 2)], 1, flat=True)
     with pytest.raises(UserError, match="^row 7: vLLM returned log-probabilities of other tokens"):
         sample_logprobs(positions, np.array([4, 5]), 1, row=7)
     with pytest.raises(UserError, match="^row 7: vLLM returned other than the chosen and top 2"):
@@ -99,7 +75,7 @@ def test_the_column_holds_each_positions_text_id_and_values(tmp_path):
     tokens = [generator.integers(0, len(tokenizer), size) for size in (5, 0, 7, 3)]
     ks = [3, 2, None, 0]
     samples = [None if k is None else SampleLogprobs(generator.normal(-2, 1, len(t)).astype(np.float32),
-                                                     generator.integers(0, len(tokenizer), (len(t), k)).astype(np.int32),
+                                                     generator.integers(0, len(tokenizer), (len(t), k), np.int32),
                                                      generator.normal(-2, 1, (len(t), k)).astype(np.float32))
                for t, k in zip(tokens, ks)]
     texts = TokenTexts(tokenizer)

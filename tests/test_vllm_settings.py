@@ -10,7 +10,6 @@ import logging
 import re
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 
