@@ -103,11 +103,14 @@ def naming_full_disk(path: str | Path) -> Iterator[None]:
 
 
 @contextmanager
-def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path to write; on success it replaces `path`, on error it is removed."""
+def atomic_path(path: str | Path, tidy: bool = True) -> Iterator[Path]:
+    """Yield a temporary path to write; on success it replaces `path`, on error it is removed.
+    `tidy=False`: the caller has already cleared the folder of earlier attempts (a shard's committed
+    windows: `shardinfer.shard.resume`), so it is not listed again per file (hundreds of windows)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    remove_dead_attempts(path)
+    if tidy:
+        remove_dead_attempts(path)
     tmp = attempt_path(path)
     try:
         with naming_full_disk(path):

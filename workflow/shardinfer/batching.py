@@ -50,7 +50,10 @@ def sorted_pieces(widths: np.ndarray, max_tokens: int, max_rows: int) -> np.ndar
 
 
 def cheapest_cuts(widths: np.ndarray, cuts: np.ndarray, max_tokens: int, max_rows: int) -> list[int]:
-    """Cut points (a subset of `cuts`) minimising padded tokens + an overhead per batch."""
+    """Cut points (a subset of `cuts`) minimising padded tokens + an overhead per batch. Rows of one
+    width (`widths` sorted longest first) are cut into full batches already: every cut is kept."""
+    if widths[0] == widths[-1]:
+        return cuts.tolist()
     overhead = max_tokens * BATCH_OVERHEAD
     capacity = row_capacity(widths[cuts[:-1]], max_tokens, max_rows)
     best, previous = np.zeros(len(cuts)), np.zeros(len(cuts), dtype=np.int64)
@@ -84,7 +87,13 @@ def length_sorted_batches(lengths: Sequence[int], max_tokens: int, max_rows: int
 
 def padded_tokens(lengths: Sequence[int], batches: Sequence[np.ndarray]) -> int:
     """Tokens processed, padding included: each batch's longest row times its rows."""
-    return sum(int(np.max(np.take(lengths, b))) * len(b) for b in batches)
+    batches = [b for b in batches if len(b)]
+    if not batches:
+        return 0
+    sizes = np.array([len(b) for b in batches], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    longest = np.maximum.reduceat(np.take(np.asarray(lengths, dtype=np.int64), np.concatenate(batches)), starts)
+    return int((longest * sizes).sum())
 
 
 def padding_ratio(lengths: Sequence[int], batches: Sequence[np.ndarray]) -> float:

@@ -169,7 +169,7 @@ class PartsScan:
 
     def chars(self) -> np.ndarray:
         """Characters of each row's text, in the input's row order."""
-        return np.concatenate([scan.chars for scan in self.scans])
+        return self.scans[0].chars if len(self.scans) == 1 else np.concatenate([scan.chars for scan in self.scans])
 
     def images(self) -> np.ndarray | None:
         """Images per row (input.image_column), in the input's row order; None without the column."""

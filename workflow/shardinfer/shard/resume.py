@@ -57,7 +57,8 @@ def commit_window(folder: Path, table: pa.Table, tally: dict) -> None:
     first = int(table.column(INDEX_COLUMN)[0].as_py())
     meta = {"first": first, "end": first + table.num_rows, "digest": table_digest(table), "tally": tally}
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), COMMIT_KEY: json.dumps(meta).encode()})
-    with atomic_path(window_path(folder, first)) as tmp:
+    # `keep_committed` removed every earlier attempt's file when the job began: not listed per window.
+    with atomic_path(window_path(folder, first), tidy=False) as tmp:
         pq.write_table(table, tmp, write_page_checksum=True)
 
 
