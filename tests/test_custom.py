@@ -276,9 +276,13 @@ def test_hook_faults_fail_the_shard_in_one_line_and_leave_nothing(tmp_path, made
 
 
 def test_a_killed_shard_job_leaves_neither_its_table_nor_its_files(tmp_path, made_example, monkeypatch):
-    """The hook kills its own process after the first batch was written: no final names appear."""
+    """The hook kills its own process once the first batch was written: no final names appear. It waits
+    for the first window's commit (up to 20 s), not a fixed time: the writer's first window may import
+    pandas (pyarrow does, on its first `pa.array` of a list), which takes seconds on a loaded machine."""
     monkeypatch.chdir(tmp_path)
-    body = "time.sleep(0.5) if index[0] >= 5 else None; os.kill(os.getpid(), signal.SIGKILL) if index[0] >= 5 else None"
+    committed = "__import__('glob').glob('shards/.1.parquet.windows/*.parquet')"
+    body = (f"[time.sleep(0.05) for _ in range(400) if index[0] >= 5 and not {committed}]; "
+            "os.kill(os.getpid(), signal.SIGKILL) if index[0] >= 5 else None")
     job = shard_job_with(tmp_path, made_example, body)
     code = "import pickle; from shardinfer.shard.job import run_shard; run_shard(pickle.load(open('job.pkl', 'rb')))"
     import pickle
