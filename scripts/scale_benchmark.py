@@ -10,14 +10,15 @@ narrow) or that and `--width` random float32 values (an embedding's size). Each 
 layout (`output.layout: file`, then `parts`) as a user runs it: `snakemake --cores 2 --set-threads
 infer=1` in a folder of its own, the shard count given. It prints, per run: plan, shard (the longest
 shard job) and gather seconds from the rules' benchmark files, the whole run's seconds, gather's
-peak memory (its benchmark's max_rss) and CPU seconds (its cpu_time: on a shared machine the wall
-seconds grow with the others' load, the CPU seconds much less), the bytes on disk under results/
-(hard links counted once) against the values' bytes (the shards' files), and the pipeline's
-overhead: the run less the span of its shard jobs (first start to last end, from their benchmark
-files; a job's start-up, the hook's work and writing are the shards' own), as a share of the run:
-planning, gathering, Snakemake's own start and scheduling. `--gather-repeats N` runs gather alone N
-more times (`--forcerun gather`) and keeps its fastest, for a machine whose other load comes and
-goes. Then how each grows from the smallest size to the largest.
+peak memory (its benchmark's max_rss), and the CPU seconds of plan, the busiest shard job and gather
+(their cpu_time: on a shared machine the wall seconds grow with the others' load, the CPU seconds
+much less), the bytes on disk under results/ (hard links counted once) against the values' bytes
+(the shards' files), and the pipeline's overhead: the run less the span of its shard jobs (first
+start to last end, from their benchmark files; a job's start-up, the hook's work and writing are the
+shards' own), as a share of the run: planning, gathering, Snakemake's own start and scheduling.
+`--gather-repeats N` runs gather alone N more times (`--forcerun gather`) and keeps its fastest, for
+a machine whose other load comes and goes. Then how each grows from the smallest size to the
+largest.
 
 `--workflow` runs another clone's Snakefile (an older version: its one-file layout, for a baseline
 on the same machine); the layouts it lacks are skipped. Runs are left in `--work` (default a folder
@@ -150,7 +151,8 @@ def run(workflow: Path, folder: Path, values: dict, repeats: int = 0) -> dict:
     values_bytes = shard_bytes(folder)
     span = max(s["end"] for s in shards) - min(s["end"] - s["s"] for s in shards)
     plan = benchmark_file(folder / "logs" / "plan.benchmark.tsv")
-    return {"plan_s": plan["s"], "shard_s": max(s["s"] for s in shards),
+    return {"plan_s": plan["s"], "plan_cpu_s": plan["cpu_s"], "shard_s": max(s["s"] for s in shards),
+            "shard_cpu_s": max(s["cpu_s"] or 0.0 for s in shards),
             "gather_s": gather["s"], "gather_cpu_s": gather["cpu_s"], "whole_s": whole,
             "gather_mb": gather["max_rss"],
             "values_bytes": values_bytes, "disk_bytes": unique_bytes(folder / "results"),
@@ -164,7 +166,8 @@ def knows_layouts(workflow: Path) -> bool:
 
 def table_line(rows: int, width: int, layout: str, shards: int, figures: dict) -> str:
     return (f"| {rows:,} | {width or 'int'} | {layout} | {shards} | {figures['plan_s']:.1f} | "
-            f"{figures['shard_s']:.1f} | {figures['gather_s']:.2f} | {figures['gather_cpu_s']:.2f} | "
+            f"{figures['plan_cpu_s'] or 0:.1f} | {figures['shard_s']:.1f} | {figures['shard_cpu_s']:.1f} | "
+            f"{figures['gather_s']:.2f} | {figures['gather_cpu_s']:.2f} | "
             f"{figures['whole_s']:.1f} | {figures['gather_mb']:.0f} | "
             f"{figures['values_bytes'] / 1e6:,.0f} | {figures['disk_bytes'] / figures['values_bytes']:.2f}x | "
             f"{figures['gather_mb_s']:,.0f} | {100 * figures['overhead']:.1f}% |")
@@ -198,9 +201,9 @@ def main() -> None:
     args = parser.parse_args()
     workflow = args.workflow.resolve() / "Snakefile"
     layouts = args.layouts if knows_layouts(workflow) else ["file"]
-    print("| rows | output | layout | shards | plan s | longest shard s | gather s | gather CPU s | whole run s "
-          "| gather peak MB | values MB | disk / values | gather MB/s | overhead |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| rows | output | layout | shards | plan s | plan CPU s | longest shard s | shard CPU s | gather s "
+          "| gather CPU s | whole run s | gather peak MB | values MB | disk / values | gather MB/s | overhead |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     results: dict = {}
     for rows in args.rows:
         source = make_input(args.work / "inputs" / f"{rows}.parquet", rows)
