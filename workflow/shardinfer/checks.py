@@ -15,6 +15,7 @@ from shardinfer.contract.shard_file import INDEX_COLUMN
 from shardinfer.errors import UserError
 from shardinfer.input.discovery import missing_input
 from shardinfer.input.shard_bound import check_shard_count
+from shardinfer.schema import parse_yaml
 from shardinfer.tasks import TASKS, engine_class, may_write_files, task_class
 
 INPUT_NAME = re.compile(r"[A-Za-z0-9_-]+")  # a name of `inputs`: a folder under results/ and logs/
@@ -23,9 +24,8 @@ INPUT_NAME = re.compile(r"[A-Za-z0-9_-]+")  # a name of `inputs`: a folder under
 def schema_errors(config: dict, schema_path: str) -> None:
     """Refuse a config the schema rejects, in one line naming the key, the value and what is allowed."""
     import jsonschema
-    import yaml
 
-    schema = yaml.safe_load(Path(schema_path).read_text())
+    schema = parse_yaml(Path(schema_path).read_text())
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
         error = errors[0]

@@ -13,13 +13,17 @@ from pathlib import Path
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
 
 
-@cache
-def _schema() -> dict:
+def parse_yaml(text: str) -> dict:
+    """YAML as `yaml.safe_load` reads it, by libyaml's loader where installed: the schema parses in a
+    fraction of the pure-Python loader's time, and every `snakemake` start reads it."""
     import yaml
 
-    # libyaml's loader where installed: the schema parses in a tenth of the pure-Python loader's time,
-    # and every `snakemake` start reads it.
-    return yaml.load(SCHEMA_PATH.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+@cache
+def _schema() -> dict:
+    return parse_yaml(SCHEMA_PATH.read_text())
 
 
 def schema() -> dict:
