@@ -57,7 +57,8 @@ OWN = {0: {"max_tokens": 2, "temperature": 0},
        5: {"max_completion_tokens": 6, "temperature": 0}}
 LINES = 12
 FORCED = "z"  # request-12's logit_bias +100 makes every token this one
-PENALTIES = {"presence_penalty": 1.5, "frequency_penalty": -2.0}  # request-13's (with logit_bias -5 on 'e')
+# request-13's (with logit_bias -5 on 'e'): a token generated k times gains 1.0 + 1.5 k, so it repeats
+PENALTIES = {"presence_penalty": -1.0, "frequency_penalty": -1.5}
 
 
 def request(i: int, **body) -> dict:
@@ -187,7 +188,8 @@ def test_each_line_s_own_parameters_are_honoured(runs, run):
     logprobs = choices(out["request-3"])[0]["logprobs"]["content"]
     assert len(logprobs) == usage["request-3"]["completion_tokens"] <= 5
     assert all(len(token["top_logprobs"]) == 2 and token["logprob"] <= 0 for token in logprobs)
-    assert all(c["logprobs"] is None for cid in out if cid not in (BAD, "request-3") for c in choices(out[cid]))
+    asked = (BAD, "request-3", "request-13")
+    assert all(c["logprobs"] is None for cid in out if cid not in asked for c in choices(out[cid]))
     stopped = choices(out["request-4"])[0]
     assert "e" not in stopped["message"]["content"]
     assert usage["request-5"]["completion_tokens"] <= 6
@@ -206,7 +208,9 @@ def test_greedy_lines_are_the_same_on_both_engines(runs):
 def test_vllm_lines_with_penalties_and_logit_bias(runs):
     """A +100 bias forces its token; neutral values are the clean line; with penalties and a bias,
     each greedy token is the best of the top 20 by raw log-probability + bias - presence_penalty if
-    it was generated before - frequency_penalty x its count so far (OpenAI's definition)."""
+    it was generated before - frequency_penalty x its count so far (OpenAI's definition). Tokens are
+    told apart by their text: one that is part of a character (text "\ufffd", several ids) is
+    left out of the comparison, and a step that chose one is not checked."""
     out = {line["custom_id"]: line for line in output_of(runs["vllm-1"])}
     forced = choices(out["request-12"])[0]
     assert forced["message"]["content"] == FORCED * 4 and forced["finish_reason"] == "length"
@@ -220,9 +224,10 @@ def test_vllm_lines_with_penalties_and_logit_bias(runs):
                 - PENALTIES["frequency_penalty"] * seen)
 
     for step in steps:
-        best = max(step["top_logprobs"], key=score)
-        assert score(step) >= score(best) - 1e-4, (step["token"], best["token"])
-        moved += best["token"] != step["top_logprobs"][0]["token"] or step["token"] != step["top_logprobs"][0]["token"]
+        known = [token for token in step["top_logprobs"] if "\ufffd" not in token["token"]]
+        best = max(known, key=score)
+        assert "\ufffd" in step["token"] or score(step) >= score(best) - 1e-4, (step["token"], best["token"])
+        moved += step["token"] != step["top_logprobs"][0]["token"]  # not the raw argmax
         counts[step["token"]] = counts.get(step["token"], 0) + 1
     assert moved, "the penalties and the bias changed no token: the check above proved nothing"
 
