@@ -132,11 +132,14 @@ def theirs(lines: Path, model_dir: Path, flags: list[str], out: Path, threads: i
 
 
 def contents(path: Path) -> dict[str, str | None]:
-    """Each output line's first choice's message content (None for an error line), by custom_id."""
+    """Each output line's first choice's message content, by custom_id; an error line ends the
+    benchmark (both must answer every line)."""
     found = {}
     for line in map(json.loads, path.read_text().splitlines()):
-        body = (line.get("response") or {}).get("body") or {}
-        found[line["custom_id"]] = body["choices"][0]["message"]["content"] if body.get("choices") else None
+        body = (line.get("response") or {}).get("body")
+        if not body:
+            raise SystemExit(f"{path}: line {line['custom_id']} is an error: {json.dumps(line['error'])[:300]}")
+        found[line["custom_id"]] = body["choices"][0]["message"]["content"]
     return found
 
 
