@@ -26,6 +26,9 @@ per failed row, against the bound 2·log2(batch rows), for a few failure rates.
 windows, against one bare `LLM.generate` over all its prompts at two window sizes, and the time
 10 bad prompts in 1,000 add.
 
+`--task batch-file` (scripts/benchmark_batch.py): an OpenAI batch file through a real `snakemake`
+run of the workflow against `vllm run-batch` on the same lines, greedy, their contents compared.
+
 `--task generate` runs the shard job on a causal LM (greedy) against one `model.generate` call
 per row (on the first `--naive-rows` rows) and against unsorted fixed batches of 8 (left padding),
 same prompts, same max_new_tokens, same dtype, and compares their texts row by row. The random
@@ -719,7 +722,7 @@ def bench_row_errors(args: argparse.Namespace, work: Path) -> None:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", default="classify",
-                        choices=["classify", "generate", "row-errors", "parallel", "vllm-feed"])
+                        choices=["classify", "generate", "row-errors", "parallel", "vllm-feed", "batch-file"])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--shape", default=None, choices=sorted(SHAPES))
     parser.add_argument("--rows", type=int, default=None, help="default 2000 (classify); generate 300 (CPU), 600 (GPU)")
@@ -769,10 +772,11 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("shardinfer.shard.job").setLevel(logging.INFO)
     work = Path(tempfile.mkdtemp(prefix="shardinfer-bench-"))
+    from benchmark_batch import bench_batch_file
     from benchmark_feed import bench_feed
 
     bench = {"generate": bench_generate, "row-errors": bench_row_errors, "parallel": bench_parallel,
-             "vllm-feed": bench_feed}.get(args.task, bench_classify)
+             "vllm-feed": bench_feed, "batch-file": bench_batch_file}.get(args.task, bench_classify)
     bench(args, work)
 
 

@@ -2,7 +2,8 @@
 (which must succeed, and equal a shared-filesystem run), the second (a forced replan to one shard, with the
 input object changed while the shards run, which gather must refuse), and a third over a named
 input whose parts the bucket's listing finds (a folder of Parquet parts), written as a folder of parts
-(output.layout: parts). What
+(output.layout: parts), and a fourth beside it over an OpenAI batch file (task generate, the
+transformers engine, two lines), whose gather writes the batch output file into the bucket. What
 the tests read of each is kept as it was right after it (its terminal, its objects, its job
 folders), since the second run removes the first's table.
 
@@ -13,6 +14,7 @@ instead of following each other (each costs about 30 s of Snakemake and torch st
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -56,16 +58,24 @@ PARTS_KEPT = (*(f"results/val/{path}" for path in ("summary.json", "plan.json"))
               *(f"{PARTS_FOLDER}part-{k:05d}-of-{PARTS_SHARDS:05d}.parquet" for k in range(PARTS_SHARDS)))
 
 
+# The fourth run's OpenAI batch file (task generate over the tiny byte-level Llama), under BATCH_PREFIX:
+# two lines, their custom_ids out of sorted order, so that the output's order is the input's.
+BATCH_PREFIX = "storage-batch"
+BATCH_INPUT = "data/batch.jsonl"
+BATCH_IDS = ("line-b", "line-a")
+BATCH_KEPT = ("results/batch_output.jsonl", "results/summary.json")
+
+
 class BucketRun:
     """The workflow run from a clone (`workdir`) against the bucket under `prefix`, each job in its own
-    folder under `jobs`."""
+    folder under `jobs`; its model the tiny classifier, or `model`."""
 
-    def __init__(self, s3, models, workdir: Path, jobs: Path, config: dict, prefix: str):
+    def __init__(self, s3, models, workdir: Path, jobs: Path, config: dict, prefix: str, model: Path | None = None):
         self.s3, self.workdir, self.jobs, self.prefix = s3, factory.workflow_clone(workdir), jobs, prefix
         jobs.mkdir(parents=True)
         # The model in the clone, named by a relative path, which in a job's empty folder names
         # nothing: the jobs load it from their downloaded copies (rule stage_model put them in the bucket).
-        shutil.copytree(models.classifier, self.workdir / MODEL)
+        shutil.copytree(model or models.classifier, self.workdir / MODEL)
         self.set_config(config)
 
     def config(self) -> dict:
@@ -115,7 +125,7 @@ class BucketRuns(threading.Thread):
     """The first two runs one after the other, the third beside them; `first()`, `refused()` and
     `listed_parts()` wait for theirs."""
 
-    def __init__(self, s3, models, root: Path):
+    def __init__(self, s3, models, root: Path, bytes_lm: Path):
         super().__init__(name="bucket runs", daemon=True)
         self.s3, self.frame = s3, factory.input_frame(ROWS)
         # The default token budget (`auto`; 1 thread per shard job below: 1024 tokens), as a user's config
@@ -129,6 +139,9 @@ class BucketRuns(threading.Thread):
         for key, (start, stop) in {**VAL_PARTS, **PASSED_OVER}.items():
             local = factory.write_input(self.frame.iloc[start:stop], root / "upload" / PARTS_PREFIX / key)
             s3.put(self.parts.key(key), local.read_bytes() if stop else b"written by hand")
+        self.batch = BucketRun(s3, models, root / "batch-clone", root / "batch-jobs", self.batch_config(), BATCH_PREFIX,
+                               model=bytes_lm)
+        s3.put(self.batch.key(BATCH_INPUT), self.batch_lines())
         self.results: dict[str, Finished] = {}
         self.error: BaseException | None = None
         self.first_done = threading.Event()
@@ -141,10 +154,29 @@ class BucketRuns(threading.Thread):
         config["inputs"] = {"val": {"path": "data/val/", "keep_columns": ["id", "gold"]}}
         return config
 
+    @staticmethod
+    def batch_config() -> dict:
+        """One shard, greedy on the transformers engine, a few tokens per line."""
+        return {"input": {"path": BATCH_INPUT, "format": "openai_batch"},
+                "model": {"path": MODEL, "task": "generate", "max_length": 48, "max_new_tokens": 8, "dtype": "float32"},
+                "generate": {"engine": "transformers"}, "shards": 1}
+
+    @staticmethod
+    def batch_lines() -> bytes:
+        messages = [[{"role": "user", "content": " ".join(factory.WORDS[k:k + 3])}] for k in range(len(BATCH_IDS))]
+        lines = [{"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+                  "body": {"model": "gpt-4o-mini", "messages": messages[k], "max_tokens": 4 + k, "temperature": 0}}
+                 for k, custom_id in enumerate(BATCH_IDS)]
+        return "".join(json.dumps(line) + "\n" for line in lines).encode()
+
     def run(self) -> None:
-        # its own prefix, clone and job folders: alongside the other two, in a thread that reads its terminal
-        parts = threading.Thread(target=self.run_parts, name="bucket parts run", daemon=True)
+        # each its own prefix, clone and job folders: alongside the other two, in threads that read their terminals
+        parts = threading.Thread(target=self.run_beside, args=("parts", self.parts, PARTS_KEPT),
+                                 name="bucket parts run", daemon=True)
+        batch = threading.Thread(target=self.run_beside, args=("batch", self.batch, BATCH_KEPT),
+                                 name="bucket batch run", daemon=True)
         parts.start()
+        batch.start()
         try:
             self.results["first"] = self.finished(self.bucket, self.bucket.start(), KEPT)
             self.first_done.set()
@@ -153,11 +185,12 @@ class BucketRuns(threading.Thread):
             self.error = error
         finally:
             self.first_done.set()
-            parts.join()  # no limit: its run's own wait fails on a hang
+            parts.join()  # no limit: their runs' own waits fail on a hang
+            batch.join()
 
-    def run_parts(self) -> None:
+    def run_beside(self, name: str, bucket: BucketRun, kept: tuple[str, ...]) -> None:
         try:
-            self.results["parts"] = self.finished(self.parts, self.parts.start(), PARTS_KEPT)
+            self.results[name] = self.finished(bucket, bucket.start(), kept)
         except BaseException as error:
             self.error = error
 
@@ -203,6 +236,9 @@ class BucketRuns(threading.Thread):
 
     def listed_parts(self) -> Finished:
         return self.wait("parts")
+
+    def batch_file(self) -> Finished:
+        return self.wait("batch")
 
     def read_parquet(self, finished: Finished, path: str) -> pd.DataFrame:
         import io

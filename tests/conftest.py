@@ -156,11 +156,12 @@ def s3(tmp_path_factory) -> s3_server.S3Server:
 
 @pytest.fixture(scope="session")
 def bucket_runs(s3, models, tmp_path_factory):
-    """tests/test_storage.py's two runs against the bucket, started in the background on first use
+    """tests/test_storage.py's runs against the bucket, started in the background on first use
     (tests/bucket_runs.py); tests/test_slurm.py asks for them so that they overlap with its runs."""
     import bucket_runs as runs
 
-    started = runs.BucketRuns(s3, models, tmp_path_factory.mktemp("bucket-runs"))
+    bytes_lm = made_once(tmp_path_factory, "bytes-lm", factory.build_tiny_bytes_lm) / "tiny-bytes-lm"
+    started = runs.BucketRuns(s3, models, tmp_path_factory.mktemp("bucket-runs"), bytes_lm)
     started.start()
     yield started
     started.join()  # no limit: the runs' own waits fail on a hang (tests/patience.py)

@@ -6,11 +6,14 @@ both engines over the tiny byte-level Llama, its output checked with the `openai
   line an error line (`BatchError`); the 3-shard file is the 1-shard file, byte for byte.
 - vLLM, 1 shard, the same lines without the bad one: each line's own parameters are honoured on
   both engines (max_tokens, n, stop, logprobs with top_logprobs, a JSON schema), and its greedy
-  lines are the transformers engine's.
+  lines are the transformers engine's. Three more lines on vLLM alone: a strong logit_bias forces
+  its token; penalties and biases pick each token as OpenAI defines them (checked on the raw
+  log-probabilities of the top 20); neutral values give the clean line.
 - The proof covers the file: gather again from the proven shards gives the same file; a shard with
   one edited text gives neither file.
 - Refusals (a custom_id twice, another url, a key that would change the output, a value out of
-  range, settings the lines give) are one line each, naming the file's line.
+  range, max_tokens above model.max_new_tokens, penalties with the transformers engine, a bad
+  logit_bias, settings the lines give) are one line each, at the plan's scan, naming the file's line.
 Without vLLM installed the module is skipped, unless CI=true: then it fails.
 """
 
@@ -34,7 +37,6 @@ from shardinfer.contract.shard_file import IDENTITY_KEY
 from shardinfer.errors import ProofError, UserError
 from shardinfer.input.scan import scan_input
 from shardinfer.tasks import engine_class
-from shardinfer.tasks.generate_params import RowParams
 from test_vllm import vllm_missing
 
 if vllm_missing():
@@ -54,6 +56,9 @@ OWN = {0: {"max_tokens": 2, "temperature": 0},
        4: {"temperature": 0.7, "top_p": 0.9, "stop": ["e"]},
        5: {"max_completion_tokens": 6, "temperature": 0}}
 LINES = 12
+FORCED = "z"  # request-12's logit_bias +100 makes every token this one
+# request-13's (with logit_bias -5 on 'e'): a token generated k times gains 1.0 + 1.5 k, so it repeats
+PENALTIES = {"presence_penalty": -1.0, "frequency_penalty": -1.5}
 
 
 def request(i: int, **body) -> dict:
@@ -66,6 +71,18 @@ def batch_lines(bad: bool = True) -> list[dict]:
     lines = [request(i, **OWN.get(i, {"temperature": 0, "max_tokens": 4})) for i in range(LINES)]
     lines[6]["body"]["messages"] = [{"role": "tool", "content": "a tool's answer"}]
     return lines if bad else [line for line in lines if line["custom_id"] != BAD]
+
+
+def vllm_lines(tokenizer) -> list[dict]:
+    """Lines that only the vLLM engine takes: a forced token, penalties and a bias checked against
+    the raw log-probabilities, neutral values (request-9's twin)."""
+    ids = {char: str(tokenizer.convert_tokens_to_ids(char)) for char in (FORCED, "e")}
+    greedy = {"temperature": 0, "max_tokens": 4}
+    return [request(7, **greedy, logit_bias={ids[FORCED]: 100}) | {"custom_id": "request-12"},
+            request(8, temperature=0, max_tokens=10, logit_bias={ids["e"]: -5}, logprobs=True, top_logprobs=20,
+                    **PENALTIES) | {"custom_id": "request-13"},
+            request(9, **greedy, presence_penalty=0, frequency_penalty=0.0, logit_bias={})
+            | {"custom_id": "request-14"}]
 
 
 def write_lines(path: Path, lines: list[dict]) -> Path:
@@ -106,7 +123,10 @@ def batch_settings(bytes_lm, tmp_path_factory):
 def runs(bytes_lm, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("batch-runs")
     with_bad = write_lines(root / "data" / "batch.jsonl", batch_lines())
-    good = write_lines(root / "data" / "good.jsonl", batch_lines(bad=False))
+    from transformers import AutoTokenizer
+
+    good = write_lines(root / "data" / "good.jsonl",
+                       batch_lines(bad=False) + vllm_lines(AutoTokenizer.from_pretrained(bytes_lm)))
     planned = {"hf-1": batch_config(with_bad, bytes_lm, 1, "transformers"),
                "hf-3": batch_config(with_bad, bytes_lm, 3, "transformers"),
                "vllm-1": batch_config(good, bytes_lm, 1, "vllm")}
@@ -168,7 +188,8 @@ def test_each_line_s_own_parameters_are_honoured(runs, run):
     logprobs = choices(out["request-3"])[0]["logprobs"]["content"]
     assert len(logprobs) == usage["request-3"]["completion_tokens"] <= 5
     assert all(len(token["top_logprobs"]) == 2 and token["logprob"] <= 0 for token in logprobs)
-    assert all(c["logprobs"] is None for cid in out if cid not in (BAD, "request-3") for c in choices(out[cid]))
+    asked = (BAD, "request-3", "request-13")
+    assert all(c["logprobs"] is None for cid in out if cid not in asked for c in choices(out[cid]))
     stopped = choices(out["request-4"])[0]
     assert "e" not in stopped["message"]["content"]
     assert usage["request-5"]["completion_tokens"] <= 6
@@ -177,11 +198,38 @@ def test_each_line_s_own_parameters_are_honoured(runs, run):
 
 def test_greedy_lines_are_the_same_on_both_engines(runs):
     hf, vllm = ({line["custom_id"]: line for line in output_of(runs[name])} for name in ("hf-1", "vllm-1"))
-    greedy = [cid for cid in vllm if cid not in ("request-1", "request-4")]
+    greedy = [cid for cid in hf if cid not in ("request-1", "request-4", BAD)]
     assert len(greedy) == LINES - 3
     for cid in greedy:
         assert [c["message"] for c in choices(hf[cid])] == [c["message"] for c in choices(vllm[cid])], cid
         assert [c["finish_reason"] for c in choices(hf[cid])] == [c["finish_reason"] for c in choices(vllm[cid])]
+
+
+def test_vllm_lines_with_penalties_and_logit_bias(runs):
+    """A +100 bias forces its token; neutral values are the clean line; with penalties and a bias,
+    each greedy token is the best of the top 20 by raw log-probability + bias - presence_penalty if
+    it was generated before - frequency_penalty x its count so far (OpenAI's definition). Tokens are
+    told apart by their text: one that is part of a character (text "\ufffd", several ids) is
+    left out of the comparison, and a step that chose one is not checked."""
+    out = {line["custom_id"]: line for line in output_of(runs["vllm-1"])}
+    forced = choices(out["request-12"])[0]
+    assert forced["message"]["content"] == FORCED * 4 and forced["finish_reason"] == "length"
+    assert choices(out["request-14"]) == choices(out["request-9"])
+    bias = {"e": -5.0}
+    steps, counts, moved = choices(out["request-13"])[0]["logprobs"]["content"], {}, 0
+
+    def score(token: dict) -> float:
+        seen = counts.get(token["token"], 0)
+        return (token["logprob"] + bias.get(token["token"], 0.0) - PENALTIES["presence_penalty"] * (seen > 0)
+                - PENALTIES["frequency_penalty"] * seen)
+
+    for step in steps:
+        known = [token for token in step["top_logprobs"] if "\ufffd" not in token["token"]]
+        best = max(known, key=score)
+        assert "\ufffd" in step["token"] or score(step) >= score(best) - 1e-4, (step["token"], best["token"])
+        moved += step["token"] != step["top_logprobs"][0]["token"]  # not the raw argmax
+        counts[step["token"]] = counts.get(step["token"], 0) + 1
+    assert moved, "the penalties and the bias changed no token: the check above proved nothing"
 
 
 def gather_again(workdir: Path, out: Path, shard_paths: list[str]) -> None:
@@ -235,14 +283,20 @@ def refusal(tmp_path: Path, lines: list, settings) -> str:
     (lambda lines: lines.append(request(1)), r"line 13: custom_id 'request-1' is also line 2's"),
     (lambda lines: lines[2].update(url="/v1/embeddings"), r"line 3: url '/v1/embeddings' .* allowed: POST "
                                                           "/v1/chat/completions"),
-    (lambda lines: lines[0]["body"].update(tools=[{"type": "function"}]), r"line 1: body.tools .* is not supported"),
-    (lambda lines: lines[0]["body"].update(presence_penalty=0.5), r"line 1: body.presence_penalty 0.5 is not "
-                                                                   "supported: .* per row"),
-    (lambda lines: lines[4]["body"].update(temperature=3), r"line 5: body.temperature must be a number from 0.0 "
-                                                            r"to 2.0; got 3"),
-    (lambda lines: lines[1]["body"].update(temperature=0), r"line 2: body.n 3 with temperature 0"),
-    (lambda lines: lines[3]["body"].update(logprobs=False), r"line 4: body.top_logprobs needs body.logprobs: true"),
-    (lambda lines: lines[0]["body"].update(response_format={"type": "xml"}), r"line 1: body.response_format must"),
+    (lambda lines: lines[0]["body"].update(tools=[{"type": "function"}]),
+     r"line 1: custom_id 'request-0': body.tools .* is not supported"),
+    (lambda lines: lines[0]["body"].update(presence_penalty=0.5), r"line 1: custom_id 'request-0': "
+     r"body.presence_penalty 0.5 is varied per row by generate.engine vllm only; set generate.engine: vllm"),
+    (lambda lines: lines[7]["body"].update(max_tokens=33), r"line 8: custom_id 'request-7': body.max_tokens 33 is "
+                                                           "above model.max_new_tokens 32, .* set model.max_new_tokens "
+                                                           "to 33 or more"),
+    (lambda lines: lines[4]["body"].update(temperature=3),
+     r"line 5: custom_id 'request-4': body.temperature must be a number from 0.0 to 2.0; got 3"),
+    (lambda lines: lines[1]["body"].update(temperature=0), r"line 2: custom_id 'request-1': body.n 3 with temperature"),
+    (lambda lines: lines[3]["body"].update(logprobs=False),
+     r"line 4: custom_id 'request-3': body.top_logprobs needs body.logprobs: true"),
+    (lambda lines: lines[0]["body"].update(response_format={"type": "xml"}),
+     r"line 1: custom_id 'request-0': body.response_format must"),
     (lambda lines: lines[0]["body"]["messages"][0].update(content=[{"type": "image_url"}]),
      r"line 1: a message's content holds image_url parts"),
     (lambda lines: lines.insert(1, "not json"), r"line 2: not JSON"),
@@ -253,16 +307,31 @@ def test_a_bad_line_is_refused_in_one_line_naming_it(batch_settings, tmp_path, c
     assert re.search(message, refusal(tmp_path, lines, batch_settings))
 
 
+@pytest.mark.parametrize(("body", "message"), [
+    ({"logit_bias": {"7": 101}}, r"body.logit_bias\['7'\] must be a number from -100.0 to 100.0; got 101"),
+    ({"logit_bias": {"x": 1}}, r"body.logit_bias key 'x' is not a token id; allowed: an integer below the model's "
+                               "vocab_size"),
+    ({"logit_bias": {"100000": 1}}, r"body.logit_bias key '100000' is not a token id; allowed: an integer below "),
+    ({"logit_bias": {"-3": 1}}, r"body.logit_bias key '-3' is not a token id"),
+    ({"logit_bias": [1]}, r"body.logit_bias must be an object of token ids to biases; got \[1\]"),
+    ({"frequency_penalty": -2.5}, r"body.frequency_penalty must be a number from -2.0 to 2.0; got -2.5"),
+])
+def test_a_bad_penalty_or_bias_is_refused_with_the_vllm_engine(batch_settings, tmp_path, body, message):
+    lines = batch_lines()
+    lines[2]["body"].update(body)
+    settings = dataclasses.replace(batch_settings, input=dataclasses.replace(
+        batch_settings.input, request_limits={**batch_settings.input.request_limits, "engine": "vllm"}))
+    assert re.search(rf"line 3: custom_id 'request-2': {message}", refusal(tmp_path, lines, settings))
+
+
 def test_settings_that_the_lines_give_are_refused_in_one_line(batch_settings):
     settings = batch_settings
     options = dataclasses.replace(settings.task_settings, n=2, do_sample=True)
     changed = dataclasses.replace(settings, task_settings=options)
     with pytest.raises(UserError, match=r"^generate.n: with input.format openai_batch each line sets its own n"):
         engine_class(changed).check_settings(changed)
-    params = RowParams.of(settings)
-    with pytest.raises(UserError, match=r"^row 4 \(custom_id 'r'\): body.max_tokens 33 is above model.max_new_tokens "
-                                        r"32"):
-        params.of_request({"custom_id": "r", "max_tokens": 33}, 4)
+    vocab_size = json.loads((Path(settings.model.path) / "config.json").read_text())["vocab_size"]
+    assert settings.input.request_limits == {"max_tokens": 32, "vocab_size": vocab_size, "engine": "transformers"}
 
 
 def test_a_batch_file_is_refused_for_a_task_other_than_generate(batch_settings):

@@ -1,6 +1,7 @@
 """Without a shared filesystem: the input only in a bucket of a real S3-compatible server, every job
 in an empty folder of its own, and the table in the bucket equal to a shared-filesystem run's; also
-a named input whose parts are found by listing a folder in the bucket.
+a named input whose parts are found by listing a folder in the bucket, and an OpenAI batch file
+whose output file gather writes there.
 
 The server is SeaweedFS on localhost (tests/storage/start-s3, the `s3` fixture). The runs
 (tests/bucket_runs.py, made in the background: the `bucket_runs` fixture) use the shipped
@@ -30,7 +31,7 @@ import yaml
 import factory
 import patience
 import plugins
-from bucket_runs import INPUT, MODEL, PARTS_FOLDER, PARTS_KEPT, PARTS_SHARDS, ROWS, SHARDS, VAL_PARTS
+from bucket_runs import BATCH_IDS, INPUT, MODEL, PARTS_FOLDER, PARTS_KEPT, PARTS_SHARDS, ROWS, SHARDS, VAL_PARTS
 from shardinfer.errors import ProofError
 from test_workflow import assert_same_rows
 
@@ -56,6 +57,25 @@ def test_the_table_in_the_bucket_equals_a_shared_filesystem_run_row_for_row(buck
     # the terminal names the table where it is
     table = s3.url(bucket_runs.bucket.key("results/predictions.parquet"))
     assert f"shardinfer: {ROWS:,} rows written to {table}" in first.terminal, first.terminal[-3000:]
+
+
+@pytest.mark.e2e
+def test_an_openai_batch_file_in_the_bucket_gets_its_output_file_there_in_its_order(bucket_runs):
+    """The plan's cut of a batch file, the shard job in an empty folder and gather's batch output
+    file, all through the bucket: one line per input line, in the input's order, each body a
+    `ChatCompletion` within its line's max_tokens."""
+    from openai.types.chat import ChatCompletion
+
+    batch = bucket_runs.batch_file()
+    assert batch.returncode == 0, batch.terminal[-6000:]
+    lines = [json.loads(line) for line in batch.objects["results/batch_output.jsonl"].decode().splitlines()]
+    assert [line["custom_id"] for line in lines] == list(BATCH_IDS)
+    for k, line in enumerate(lines):
+        assert line["error"] is None
+        body = ChatCompletion.model_validate(line["response"]["body"])
+        assert 1 <= body.usage.completion_tokens <= 4 + k and body.model == "gpt-4o-mini"
+    assert json.loads(batch.objects["results/summary.json"])["rows"] == len(BATCH_IDS)
+    assert len(batch.job_folders) >= 3  # plan, the shard, gather: each in a folder of its own
 
 
 @pytest.mark.e2e

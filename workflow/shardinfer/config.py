@@ -57,6 +57,9 @@ class InputSettings:
     conversation_columns: tuple[str, ...] = field(default=(), metadata={ADDED: True})
     # Those holding images per row (generate: input.image_column; shardinfer.tasks.generate_images).
     image_columns: tuple[str, ...] = field(default=(), metadata={ADDED: True})
+    # What a row may ask of the run, for a format whose rows carry their own request (openai_batch:
+    # `Task.request_limits`, e.g. {max_tokens, vocab_size, engine}), checked as the plan reads each line.
+    request_limits: dict = field(default_factory=dict, metadata={ADDED: True})
 
     def __post_init__(self) -> None:
         if not self.task_columns:

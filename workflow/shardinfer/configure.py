@@ -69,14 +69,14 @@ def settings_from_config(config: dict, name: str | None = None, auto_shards: int
     shared filesystem, the object names in the bucket under each input path (`discovery.listing_root`)."""
     inp, model = config["input"] if name is None else config["inputs"][name], config["model"]
     shards = shard_count(inp.get("shards", config["shards"]), auto_shards)
-    section = dict(config.get(model["task"]) or {})
+    section, model = dict(config.get(model["task"]) or {}), model_settings(model)
     return Settings(
-        input=input_settings(inp, model["task"], section, None if listed is None else listed[inp["path"]]),
-        model=model_settings(model),
+        input=input_settings(inp, model, section, None if listed is None else listed[inp["path"]]),
+        model=model,
         batch=BatchSettings(**config["batch"]),
         shards=shards,
         tokenize_ahead=config["tokenize"]["ahead"],
-        task_settings=section_settings(model["task"], section),
+        task_settings=section_settings(model.task, section),
         evaluate=EvaluateSettings(**(config.get("evaluate") or {})),
         row_errors=row_error_settings(config.get("row_errors") or {}),
         output=output_settings(config.get("output") or {}),
@@ -95,10 +95,12 @@ def shard_count(shards, auto_shards: int | None) -> int:
     return shards
 
 
-def input_settings(inp: dict, task: str, section: dict, names: list[str] | None) -> InputSettings:
+def input_settings(inp: dict, model: ModelSettings, section: dict, names: list[str] | None) -> InputSettings:
     """An input's settings: its format and parts (`names`: the objects listed in a bucket, when the
-    input lies there), its format's options (`options_in`: another format's are refused) and the
-    columns its task reads (`Task.inputs`, from the task's `section`)."""
+    input lies there), its format's options (`options_in`: another format's are refused), the
+    columns its task reads (`Task.inputs`, from the task's `section`) and what a row may ask
+    (`Task.request_limits`, from `model` too)."""
+    task = model.task
     fmt, parts = resolve_input(inp["path"], inp["format"], inp, names)
     reads = task_inputs(task, inp, section)
     return InputSettings(
@@ -116,6 +118,7 @@ def input_settings(inp: dict, task: str, section: dict, names: list[str] | None)
         text_columns=reads.texts if reads else None,
         conversation_columns=reads.conversations if reads else (),
         image_columns=reads.images if reads else (),
+        request_limits=task_class(task).request_limits({**inp, "format": fmt}, model, section) if reads else {},
     )
 
 

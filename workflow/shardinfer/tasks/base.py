@@ -44,7 +44,7 @@ import numpy as np
 import pyarrow as pa
 
 from shardinfer.batching import length_sorted_batches, padded_tokens
-from shardinfer.config import BatchSettings, Settings
+from shardinfer.config import BatchSettings, ModelSettings, Settings
 from shardinfer.contract.shard_file import OutputType
 from shardinfer.errors import UserError
 
@@ -170,6 +170,12 @@ class Task:
         rule's `resources: gpu`, the lease's count, what `shards: auto` divides the GPUs by. One,
         unless the engine spreads a model over several (vLLM's tensor x pipeline parallel sizes)."""
         return 1
+
+    @classmethod
+    def request_limits(cls, inp: dict, model: ModelSettings, section: dict) -> dict:
+        """What a row may ask of the run, for an input whose rows carry their own request (an OpenAI
+        batch file): the format checks each line against it as the plan reads it. {}: no such input."""
+        return {}
 
     @classmethod
     def plan_overhead(cls, settings: Settings) -> int:

@@ -44,7 +44,7 @@ from shardinfer.schema import defaults
 from shardinfer.tasks.base import TaskInputs, Window, tokenize_ahead_refused
 from shardinfer.tasks.classify import untrained_head
 from shardinfer.tasks.generate_columns import COLUMNS, Columns, output_fields
-from shardinfer.tasks.generate_params import PromptRows, RowParams, lines_carry_parameters
+from shardinfer.tasks.generate_params import PromptRows, RowParams, batch_limits, lines_carry_parameters
 from shardinfer.tasks.generate_prompts import (
     Conversations,
     prompt_problem,
@@ -211,6 +211,10 @@ class Generate(TextTask):
                           reads.conversations, (images,))
 
     @classmethod
+    def request_limits(cls, inp: dict, model: ModelSettings, section: dict) -> dict:
+        return batch_limits(model, section) if inp.get("format") == BATCH_FORMAT else {}
+
+    @classmethod
     def model_class(cls, settings: Settings) -> str:
         """A vision-language model's class when images are read, else a causal language model's."""
         return "AutoModelForImageTextToText" if settings.input.image_columns else cls.auto_class
@@ -294,7 +298,7 @@ class Generate(TextTask):
 
     def prepare(self, first: int, table: pa.Table) -> Window:
         tokens, refused = self.prompt_rows(first, table)
-        params = self.row_params(first, table)
+        params = self.row_params(table)
         refused = {**self.refused_prompts(first, tokens.ids, params, refused), **refused}
         if refused and not self.settings.row_errors.record:
             problem = refused[min(refused)]
@@ -305,12 +309,12 @@ class Generate(TextTask):
         images = tokens.token_data.get("images")
         return Window(first, costs, PromptRows(tokens.ids, params, refused, images), lengths, tokens.truncated)
 
-    def row_params(self, first: int, table: pa.Table) -> list[RowParams]:
+    def row_params(self, table: pa.Table) -> list[RowParams]:
         """Each row's parameters: the config's, or an OpenAI batch file's line's own (its `request`)."""
         if not lines_carry_parameters(self.settings):
             return [self.params] * table.num_rows
         requests = table.column(1).to_pylist()
-        return [self.params.of_request(json.loads(request), first + k) for k, request in enumerate(requests)]
+        return [self.params.of_request(json.loads(request)) for request in requests]
 
     def refused_prompts(self, first: int, ids: list[list[int]], params: list[RowParams], refused: dict[int, str]
                         ) -> dict[int, str]:

@@ -2,26 +2,40 @@
 
 Every row gets the config's (`generate:` and `model.max_new_tokens`: `RowParams.of`), except the
 rows of an OpenAI batch file, which carry their own (`RowParams.of_request`: each line's
-`max_tokens`, `temperature`, `top_p`, `n`, `stop`, `seed`, `logprobs`, `response_format`, as
-`shardinfer.input.formats.openai_batch` checked them). The engines read them per row: vLLM makes
-one SamplingParams per row, and the transformers engine batches only rows with equal parameters
-together (`batch_key`).
+`max_tokens`, `temperature`, `top_p`, `n`, `stop`, `seed`, `logprobs`, `response_format`, and with
+the vLLM engine `presence_penalty`, `frequency_penalty` and `logit_bias`, as
+`shardinfer.input.formats.openai_batch` checked them against `batch_limits` when the plan read the
+file). The engines read them per row: vLLM makes one SamplingParams per row, and the transformers
+engine batches only rows with equal parameters together (`batch_key`).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from shardinfer.config import Settings
-from shardinfer.errors import UserError
+from shardinfer.config import ModelSettings, Settings
 from shardinfer.input.formats.openai_batch import NAME as BATCH_FORMAT
+from shardinfer.schema import defaults
 
 
 def lines_carry_parameters(settings: Settings) -> bool:
     """Whether each row brings its own parameters (an OpenAI batch file): then any row may ask for
     several completions and log-probabilities, so the output columns are those of n > 1 with logprobs."""
     return settings.input.format == BATCH_FORMAT
+
+
+def batch_limits(model: ModelSettings, section: dict) -> dict:
+    """What a batch file's line may ask (`InputSettings.request_limits`, which the format checks at
+    the plan): at most model.max_new_tokens tokens, logit_bias ids below the model config's
+    vocab_size (the logits' width; None when the config gives none), penalties and logit_bias on
+    the engine that varies them per row."""
+    config = Path(model.path or "", "config.json")
+    read = json.loads(config.read_text()) if config.is_file() else {}
+    vocab_size = read.get("vocab_size", (read.get("text_config") or {}).get("vocab_size"))
+    return {"max_tokens": model.max_new_tokens, "vocab_size": vocab_size if isinstance(vocab_size, int) else None,
+            "engine": section.get("engine", defaults("generate")["engine"])}
 
 
 @dataclass(frozen=True)
@@ -35,6 +49,10 @@ class RowParams:
     stop: tuple[str, ...] = ()
     logprobs: int | None = None  # None: none; k: the chosen token's and the top k per position
     structured: dict | None = None  # `shardinfer.sections.structured_spec`'s form, or None
+    # a batch file's line's, with the vLLM engine only (the config sets none)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), by id
 
     @classmethod
     def of(cls, settings: Settings) -> RowParams:
@@ -43,29 +61,28 @@ class RowParams:
         return cls(max_new_tokens=int(settings.model.max_new_tokens), do_sample=o.do_sample, temperature=o.temperature,
                    top_p=o.top_p, seed=o.seed, n=o.n, stop=tuple(o.stop), logprobs=o.logprobs, structured=o.structured)
 
-    def of_request(self, request: dict, row: int) -> RowParams:
+    def of_request(self, request: dict) -> RowParams:
         """A batch file line's parameters (`request`: the format's `request` column), the config's
         (self) where the line sets none: as OpenAI where it has a default (temperature 1, top_p 1,
-        n 1, no stop, no log-probabilities, free text), the config's max_new_tokens and seed else.
-        A line cannot ask more tokens than model.max_new_tokens, which bounds the plan and the
-        model's positions (refused naming the line's custom_id)."""
+        n 1, no stop, no log-probabilities, free text, no penalties), the config's max_new_tokens and
+        seed else. The plan refused any line asking more than model.max_new_tokens (`batch_limits`)."""
         tokens = request.get("max_tokens", self.max_new_tokens)
-        if tokens > self.max_new_tokens:
-            raise UserError(f"row {row} (custom_id {request.get('custom_id')!r}): body.max_tokens {tokens} is above "
-                            f"model.max_new_tokens {self.max_new_tokens}, the most any row is given; raise "
-                            "model.max_new_tokens or lower the line's")
         temperature = float(request.get("temperature", 1.0))
         logprobs = request.get("logprobs")
         return RowParams(max_new_tokens=int(tokens), do_sample=temperature > 0, temperature=temperature or 1.0,
                          top_p=float(request.get("top_p", 1.0)), seed=int(request.get("seed", self.seed)),
                          n=int(request.get("n", 1)), stop=tuple(request.get("stop", ())),
-                         logprobs=None if logprobs is None else int(logprobs), structured=request.get("structured"))
+                         logprobs=None if logprobs is None else int(logprobs), structured=request.get("structured"),
+                         presence_penalty=float(request.get("presence_penalty", 0.0)),
+                         frequency_penalty=float(request.get("frequency_penalty", 0.0)),
+                         logit_bias=tuple((int(k), float(v)) for k, v in request.get("logit_bias", {}).items()))
 
     @property
     def batch_key(self) -> str:
         """Equal for rows that a transformers batch may hold together (all their parameters equal)."""
         return json.dumps([self.max_new_tokens, self.do_sample, self.temperature, self.top_p, self.seed, self.n,
-                           self.stop, self.logprobs, self.structured], sort_keys=True)
+                           self.stop, self.logprobs, self.structured, self.presence_penalty, self.frequency_penalty,
+                           self.logit_bias], sort_keys=True)
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,16 @@ Each line gives the columns
   their texts joined by a line break, as vLLM joins them),
 - `request` (the line's own parameters as JSON, in the generate task's words: `max_tokens`,
   `temperature`, `top_p`, `n`, `stop`, `seed`, `logprobs` (k: `top_logprobs`, 0 when only
-  `logprobs: true`) and `structured` (`response_format`), only those the line sets),
+  `logprobs: true`), `structured` (`response_format`) and, with `generate.engine: vllm`,
+  `presence_penalty`, `frequency_penalty` and `logit_bias`, only those the line sets),
 and the line's keys beside custom_id, method, url and body, typed as JSONL types them (a gold
 label for `evaluate:`, say). Everything is checked as the plan scans the file, before any job: a
-key that would change the output and that both engines cannot follow per row, a value out of its
-range, another url or method, is refused in one line naming the file's line and the key
-(`request_of`). Messages that a chat template refuses (a role it does not know, a content that is
-not text) are the row's problem, not the file's: the shard fails on them, or with
-`row_errors.mode: record` the row is an error line of the output file.
+key that would change the output and that the run's engine cannot follow per row, a value out of
+its range (max_tokens above model.max_new_tokens, a logit_bias id beyond the model's vocabulary),
+another url or method, is refused in one line naming the file's line, the custom_id and the key
+(`request_of`, against `InputSettings.request_limits`). Messages that a chat template refuses (a
+role it does not know, a content that is not text) are the row's problem, not the file's: the
+shard fails on them, or with `row_errors.mode: record` the row is an error line of the output file.
 """
 
 from __future__ import annotations
@@ -47,11 +49,12 @@ PARAMETERS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "n"
               "top_logprobs", "response_format")
 # Keys that change no output: recorded (model) or passed over (the others).
 NEUTRAL_KEYS = ("model", "messages", "user", "metadata", "store", "service_tier")
-# Keys taken only at the value that changes nothing (the transformers engine cannot vary them per row).
-NEUTRAL_VALUES = {"presence_penalty": (0, 0.0, None), "frequency_penalty": (0, 0.0, None), "logit_bias": ({}, None),
-                  "stream": (False, None), "parallel_tool_calls": (None,), "tools": ([], None),
+# Keys that only vLLM's engine varies per row (SamplingParams); taken at their neutral value on both.
+VLLM_PARAMETERS = {"presence_penalty": (0, 0.0, None), "frequency_penalty": (0, 0.0, None), "logit_bias": ({}, None)}
+# Keys taken only at the value that changes nothing.
+NEUTRAL_VALUES = {"stream": (False, None), "parallel_tool_calls": (None,), "tools": ([], None),
                   "tool_choice": (None, "none")}
-MAX_STOPS, MAX_TOP_LOGPROBS = 4, 20
+MAX_STOPS, MAX_TOP_LOGPROBS, MAX_PENALTY, MAX_BIAS = 4, 20, 2.0, 100.0
 
 
 class LineError(Exception):
@@ -107,7 +110,7 @@ def structured_of(value: Any) -> dict | None:
 
 def _refused_key(body: dict) -> str | None:
     for key, value in body.items():
-        if key in PARAMETERS or key in NEUTRAL_KEYS:
+        if key in PARAMETERS or key in NEUTRAL_KEYS or key in VLLM_PARAMETERS:
             continue
         if key in NEUTRAL_VALUES and value in NEUTRAL_VALUES[key]:
             continue
@@ -115,19 +118,16 @@ def _refused_key(body: dict) -> str | None:
     return None
 
 
-def request_of(body: dict) -> dict:
-    """A body's parameters in the generate task's words (`shardinfer.tasks.generate_params`), checked."""
+def request_of(body: dict, limits: dict) -> dict:
+    """A body's parameters in the generate task's words (`shardinfer.tasks.generate_params`), checked,
+    against the run's `limits` too (`InputSettings.request_limits`: max_tokens, vocab_size, engine)."""
     refused = _refused_key(body)
     if refused is not None:
         raise LineError(f"body.{refused} {json.dumps(body[refused])[:80]} is not supported: it would change the "
-                        f"output and not both engines can vary it per row; supported: {', '.join(PARAMETERS)} "
-                        f"(and {', '.join(NEUTRAL_KEYS)}, which change nothing)")
-    tokens = {key: _integer(body[key], key, 1) for key in ("max_tokens", "max_completion_tokens")
-              if body.get(key) is not None}
-    if len(set(tokens.values())) > 1:
-        raise LineError(f"body.max_tokens {tokens['max_tokens']} and body.max_completion_tokens "
-                        f"{tokens['max_completion_tokens']} differ; give one")
-    request: dict[str, Any] = {"max_tokens": next(iter(tokens.values()))} if tokens else {}
+                        f"output and no engine here can vary it per row; supported: {', '.join(PARAMETERS)}, "
+                        f"with generate.engine vllm {', '.join(VLLM_PARAMETERS)} (and {', '.join(NEUTRAL_KEYS)}, "
+                        "which change nothing)")
+    request: dict[str, Any] = _max_tokens(body, limits.get("max_tokens"))
     if body.get("temperature") is not None:
         request["temperature"] = _number(body["temperature"], "temperature", 0.0, 2.0)
     if body.get("top_p") is not None:
@@ -142,9 +142,57 @@ def request_of(body: dict) -> dict:
     if body.get("seed") is not None:
         request["seed"] = _integer(body["seed"], "seed", 0, 2**63 - 1)
     request.update(_logprobs(body))
+    request.update(_vllm_parameters(body, limits))
     if body.get("response_format") is not None and (spec := structured_of(body["response_format"])):
         request["structured"] = spec
     return request
+
+
+def _max_tokens(body: dict, limit: int | None) -> dict:
+    """The line's max_tokens (or max_completion_tokens), at most `limit`: model.max_new_tokens sizes
+    every shard's engine (vLLM's max_model_len, the KV cache) and the plan's cost, before any line is
+    read, so a line cannot raise it; refused here, at the plan, not by a shard hours in."""
+    tokens = {key: _integer(body[key], key, 1) for key in ("max_tokens", "max_completion_tokens")
+              if body.get(key) is not None}
+    if len(set(tokens.values())) > 1:
+        raise LineError(f"body.max_tokens {tokens['max_tokens']} and body.max_completion_tokens "
+                        f"{tokens['max_completion_tokens']} differ; give one")
+    if not tokens:
+        return {}
+    key, value = next(iter(tokens.items()))
+    if limit is not None and value > limit:
+        raise LineError(f"body.{key} {value} is above model.max_new_tokens {limit}, the most tokens any line is "
+                        f"given; set model.max_new_tokens to {value} or more, or lower the line's")
+    return {"max_tokens": value}
+
+
+def _vllm_parameters(body: dict, limits: dict) -> dict:
+    """presence_penalty, frequency_penalty (-2 to 2) and logit_bias ({token id as a string: -100 to
+    100}, ids below the model's vocab_size), as OpenAI defines them; only vLLM's engine varies them
+    per row (`limits["engine"]`). At their neutral values they are left out, as if not given."""
+    asked = {key: body[key] for key, neutral in VLLM_PARAMETERS.items() if body.get(key) not in neutral}
+    if asked and limits.get("engine") != "vllm":
+        key = next(iter(asked))
+        raise LineError(f"body.{key} {json.dumps(asked[key])[:80]} is varied per row by generate.engine vllm only; "
+                        f"set generate.engine: vllm, or leave body.{key} out")
+    request = {key: _number(asked[key], key, -MAX_PENALTY, MAX_PENALTY) for key in asked if key != "logit_bias"}
+    if "logit_bias" in asked:
+        request["logit_bias"] = _logit_bias(asked["logit_bias"], limits.get("vocab_size"))
+    return request
+
+
+def _logit_bias(value: Any, vocab_size: int | None) -> dict[str, float]:
+    """{token id: bias}, the ids as decimal strings below `vocab_size` (None: unknown, unchecked)."""
+    if not isinstance(value, dict):
+        raise LineError(f"body.logit_bias must be an object of token ids to biases; got {json.dumps(value)[:80]}")
+    bias = {}
+    for key, number in value.items():
+        known = isinstance(key, str) and key.isdigit() and key.isascii()
+        if not known or (vocab_size is not None and int(key) >= vocab_size):
+            below = f" below the model's vocab_size {vocab_size}" if vocab_size is not None else ""
+            raise LineError(f"body.logit_bias key {key!r} is not a token id; allowed: an integer{below}, as a string")
+        bias[str(int(key))] = _number(number, f"logit_bias[{key!r}]", -MAX_BIAS, MAX_BIAS)
+    return dict(sorted(bias.items(), key=lambda item: int(item[0])))
 
 
 def _logprobs(body: dict) -> dict:
@@ -179,8 +227,8 @@ def message_of(message: Any) -> dict:
     return {"role": role if isinstance(role, str) else None, "content": content if isinstance(content, str) else None}
 
 
-def line_of(text: bytes) -> tuple[dict, dict]:
-    """One line as its fixed columns and its own other keys; raises LineError."""
+def line_of(text: bytes, limits: dict) -> tuple[dict, dict]:
+    """One line as its fixed columns and its own other keys (`limits`: `request_of`'s); raises LineError."""
     try:
         line = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
@@ -200,24 +248,28 @@ def line_of(text: bytes) -> tuple[dict, dict]:
     if clash:
         raise LineError(f"key `{clash[0]}` beside body is refused: the format's own column has that name")
     model = body.get("model")
-    request = {"custom_id": line["custom_id"], **request_of(body)}
+    try:
+        request = {"custom_id": line["custom_id"], **request_of(body, limits)}
+    except LineError as error:
+        raise LineError(f"custom_id {line['custom_id']!r}: {error}") from None
     fixed = {"custom_id": line["custom_id"], "model": model if isinstance(model, str) else None,
              "messages": [message_of(m) for m in body["messages"]],
              "request": json.dumps(request, sort_keys=True, ensure_ascii=False)}
     return fixed, extra
 
 
-def parsed_block(path: str, first_line: int, block: bytes, extra: pa.Schema | None, seen: dict | None
-                 ) -> pa.Table:
+def parsed_block(path: str, first_line: int, block: bytes, extra: pa.Schema | None, seen: dict | None,
+                 limits: dict) -> pa.Table:
     """A block's lines as the fixed columns, then the lines' own keys in `extra`'s types (None:
-    typed by this block alone); `seen`: custom_id -> line, across the blocks of one whole read."""
+    typed by this block alone); `seen`: custom_id -> line, across the blocks of one whole read;
+    `limits`: the run's (`request_of`)."""
     fixed, extras = [], []
     for offset, text in enumerate(block.split(b"\n")):
         if not text.strip():
             continue
         number = first_line + offset
         try:
-            row, own = line_of(text)
+            row, own = line_of(text, limits)
         except LineError as error:
             raise UserError(f"input `{path}`: line {number}: {error}") from None
         if seen is not None:
@@ -253,7 +305,7 @@ class OpenAiBatch(TextFormat):
         for path in inp.files:
             for _, line, block in blocks(path, line_cut, START, None):
                 try:
-                    own = parsed_block(path, line, block, None, None)
+                    own = parsed_block(path, line, block, None, None, inp.request_limits)
                     extra = merge_fields(extra, pa.schema([f for f in own.schema if f.name not in FIXED.names]))
                 except FieldConflict as conflict:
                     raise UserError(f"input `{path}`: key `{conflict.column}` holds {conflict.before} before line "
@@ -266,7 +318,7 @@ class OpenAiBatch(TextFormat):
     def reader(self, inp: InputSettings, fields: pa.Schema | None, seen: dict | None = None) -> Reader:
         fields = fields if fields is not None else self.fields(inp)
         extra = pa.schema([f for f in fields if f.name not in FIXED.names])
-        return line_cut, lambda line, block: parsed_block(inp.path, line, block, extra, seen), START
+        return line_cut, lambda line, block: parsed_block(inp.path, line, block, extra, seen, inp.request_limits), START
 
     def batches(self, inp: InputSettings, span: Span | None = None, fields: pa.Schema | None = None
                 ) -> Iterator[tuple[Position, pa.RecordBatch]]:

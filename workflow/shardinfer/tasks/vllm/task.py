@@ -125,7 +125,7 @@ class VllmGenerate(Generate):
     def sampling_params(self, params: RowParams, index: int):
         """A row's SamplingParams: its n samples seeded row_seed + j (vLLM seeds sample j so), its
         log-probabilities (flat: a few lists per completion, not a dict and objects per position;
-        `matching.sample_logprobs`) and structured output as asked."""
+        `matching.sample_logprobs`), structured output, penalties and logit_bias as asked."""
         from vllm import SamplingParams
 
         sampled = {"temperature": params.temperature, "top_p": params.top_p, "seed": row_seed(params.seed, index)}
@@ -133,6 +133,8 @@ class VllmGenerate(Generate):
                               stop=list(params.stop) or None, detokenize=bool(params.stop), skip_special_tokens=True,
                               n=params.n, logprobs=params.logprobs, flat_logprobs=True,
                               structured_outputs=structured_params(params.structured),
+                              presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
+                              logit_bias=dict(params.logit_bias) or None,
                               **(sampled if params.do_sample else {"temperature": 0.0}), **self.sampling_defaults)
 
     def feed(self, take: Callable[[bool], Any], record: bool) -> Iterator[tuple[Any, dict, dict[int, str]]]:
