@@ -16,7 +16,7 @@ ROOMS = (
     ("base", ("errors", "schema", "sections", "config", "atomic", "jobs", "devices", "auto_shards")),
     ("the shard-file contract", ("contract",)),
     ("input", ("input",)),
-    ("the plan", ("plan",)),
+    ("the plan", ("balance", "plan")),
     ("what tasks need", ("batching", "hf")),
     ("tasks", ("tasks",)),
     ("shard jobs", ("shard",)),
