@@ -10,6 +10,6 @@ from shardinfer.report import ReportFiles, write_report  # noqa: E402
 snakemake = globals()["snakemake"]  # the job object injected by the script: directive
 
 # The `evaluate:` items are outputs only when it is on, the text-length figure only for a task that
-# counts tokens (shardinfer.layout.OPTIONAL_REPORTS): None otherwise.
+# counts tokens (shardinfer.report_items.OPTIONAL_REPORTS): None otherwise.
 files = ReportFiles(**{name: getattr(snakemake.output, name, None) for name in ReportFiles.__dataclass_fields__})
 run_job(snakemake.log[0], write_report, snakemake.input.summary, files)

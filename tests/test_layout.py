@@ -23,7 +23,7 @@ ROOMS = (
     ("scores", ("metrics",)),
     ("the proof", ("proof",)),
     ("the Snakefile's helpers", ("configure", "checks", "settings_digest", "stored_model", "rule_params", "layout",
-                                  "incomplete")),
+                                  "report_items", "incomplete")),
     ("what a user reads", ("report", "terminal")),
 )
 

@@ -278,7 +278,7 @@ def outputs(paths):
 
 
 def optional_reports():
-    """The report items this run's settings add (shardinfer.layout.OPTIONAL_REPORTS), as outputs."""
+    """The report items this run's settings add (shardinfer.report_items.OPTIONAL_REPORTS), as outputs."""
     return {
         item.name: report(
             item.path,

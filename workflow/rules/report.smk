@@ -3,7 +3,7 @@ rule report_items:
         summary=rules.gather.output.summary,
     output:
         # With `evaluate:`, the scores' table and the confusion matrix; for a task whose rows are
-        # texts in tokens, the text-length figure (shardinfer.layout.OPTIONAL_REPORTS).
+        # texts in tokens, the text-length figure (shardinfer.report_items.OPTIONAL_REPORTS).
         **optional_reports(),
         run=report(
             LAYOUT.path("results/report/run.html"),

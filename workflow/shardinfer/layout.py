@@ -33,38 +33,12 @@ from shardinfer.input.image_files import gather_image_trigger, image_trigger
 from shardinfer.input.images import input_folder
 from shardinfer.proof.batch_output import OUTPUT_NAME
 from shardinfer.proof.manifest import MANIFEST_NAME, part_name, part_width
+from shardinfer.report_items import OPTIONAL_REPORTS, ReportItem
 from shardinfer.rule_params import InputJobs
 from shardinfer.tasks import may_write_files, task_class
 
 # Outputs that are folders (Snakemake's directory()): the plan's staged copies, a shard's files per row.
 FOLDERS = ("staged", "files")
-
-
-@dataclass(frozen=True)
-class ReportItem:
-    """An item of `snakemake --report` beside the run's fixed four (workflow/rules/report.smk), with
-    its caption in workflow/report/, named as the item."""
-
-    name: str
-    path: str
-    category: str
-    subcategory: str
-    label: str  # what the item shows: its `item` label
-
-    @property
-    def caption(self) -> str:
-        """The caption's path as report() takes it, from a file of workflow/rules/."""
-        return f"../report/{self.name}.rst"
-
-
-# The items a run's settings may add, in the order the report lists them: with `evaluate:` its scores
-# (and for a task scored against labels the confusion matrix), for a task whose rows are texts in
-# tokens the text-length figure.
-OPTIONAL_REPORTS = (
-    ReportItem("metrics", "results/report/metrics.html", "Evaluation", "Scores", "scores against the gold labels"),
-    ReportItem("confusion", "results/report/confusion.png", "Evaluation", "Scores", "confusion matrix"),
-    ReportItem("token_lengths", "results/report/token_lengths.png", "Input", "Text lengths", "text lengths in tokens"),
-)
 
 
 def batch_inputs(inputs: Mapping[str | None, InputJobs], parts: bool = False) -> bool:
