@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 import patience
-from factory import build_tiny_causal_lm, input_frame, prepare_workdir, workflow_config, write_input
+from factory import input_frame, prepare_workdir, workflow_config, write_input
 from shardinfer.auto_shards import (
     CPU_SHARDS,
     MOST,
@@ -26,6 +26,7 @@ from shardinfer.auto_shards import (
     uses_auto,
 )
 from shardinfer.errors import UserError
+from tiny_models import build_tiny_causal_lm
 
 
 def machine(**given) -> Machine:

@@ -11,13 +11,14 @@ import pyarrow as pa
 import pytest
 import torch
 
-from factory import WORDS, bert_config, build_tiny_causal_lm, save_tokenizer, settings_for
+from factory import WORDS, bert_config, save_tokenizer, settings_for
 from shardinfer.config import BatchSettings, ModelSettings, Settings
 from shardinfer.errors import UserError
 from shardinfer.shard.device_loop import predict_window, prepare_batches
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.generate import Generate
 from shardinfer.tasks.sampling import GumbelSampler
+from tiny_models import build_tiny_causal_lm
 
 MAX_LENGTH, NEW_TOKENS = 24, 10
 SAMPLING = {"do_sample": True, "temperature": 1.3, "top_p": 0.95, "seed": 7}

@@ -13,7 +13,6 @@ import pyarrow as pa
 import pytest
 import torch
 
-from factory import build_tiny_causal_lm, with_unknown_tokens
 from shardinfer.config import BatchSettings, RowErrorSettings
 from shardinfer.errors import UserError
 from shardinfer.shard.device_loop import RowErrors, predict_window, prepare_batches
@@ -21,6 +20,7 @@ from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.generate import Generate
 from shardinfer.tasks.generate_prompts import prompt_problem
 from test_generate import settings
+from tiny_models import build_tiny_causal_lm, with_unknown_tokens
 
 TEXTS = ["red cat", "blue bird fly", "zebra bird", "green fish", "the yak", "dog run"]
 

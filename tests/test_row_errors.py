@@ -261,10 +261,11 @@ def test_end_to_end_a_stopped_shard_resumes_and_the_terminal_says_which_rows_fai
 
 def test_record_is_taken_by_the_vllm_engine_too(tmp_path):
     """vLLM's engine loop fails a bad prompt's row alone (tests/test_vllm.py runs it)."""
-    from factory import build_tiny_causal_lm, settings_for
+    from factory import settings_for
     from shardinfer.config import ModelSettings
     from shardinfer.tasks.vllm.checks import vllm_installed
     from shardinfer.tasks.vllm.task import VllmGenerate
+    from tiny_models import build_tiny_causal_lm
 
     if not vllm_installed():
         pytest.skip("vLLM is not installed")

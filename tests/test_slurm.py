@@ -39,7 +39,8 @@ import yaml
 import patience
 import plugins
 import reference
-from factory import WITHOUT_REPORT, build_tiny_causal_lm, input_frame, read_predictions, workflow_config, write_input
+from factory import WITHOUT_REPORT, input_frame, read_predictions, workflow_config, write_input
+from tiny_models import build_tiny_causal_lm
 
 # The real Slurm, and the S3 server's bucket for the run without a shared filesystem.
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm, pytest.mark.s3]

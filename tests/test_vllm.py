@@ -24,17 +24,9 @@ import pandas as pd
 import pytest
 
 import patience
-from factory import (
-    WORDS,
-    build_tiny_causal_lm,
-    prepare_workdir,
-    python_env,
-    read_predictions,
-    run_workflow,
-    run_workflows,
-    with_unknown_tokens,
-)
+from factory import WORDS, prepare_workdir, python_env, read_predictions, run_workflow, run_workflows
 from test_generate import generate_config, run, settings
+from tiny_models import build_tiny_causal_lm, with_unknown_tokens
 
 pytestmark = pytest.mark.e2e  # every test here reads the module's runs of the workflow on vLLM's engine
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from factory import build_tiny_causal_lm, settings_for
+from factory import settings_for
 from shardinfer.config import BatchSettings, ModelSettings
 from shardinfer.errors import UserError
 from shardinfer.settings_digest import output_digest
@@ -34,6 +34,7 @@ from shardinfer.tasks.vllm.feeder import EngineProgress
 from shardinfer.tasks.vllm.matching import engine_refused, finish_code, rows_results
 from shardinfer.tasks.vllm.parallel import cpu_binding, place_workers
 from shardinfer.tasks.vllm.task import VllmGenerate, row_seed
+from tiny_models import build_tiny_causal_lm
 
 EOS = [3, 9]
 
