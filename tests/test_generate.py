@@ -18,15 +18,14 @@ from shardinfer.shard.device_loop import predict_window, prepare_batches
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.generate import Generate
 from shardinfer.tasks.sampling import GumbelSampler
-from tiny_models import build_tiny_causal_lm
 
 MAX_LENGTH, NEW_TOKENS = 24, 10
 SAMPLING = {"do_sample": True, "temperature": 1.3, "top_p": 0.95, "seed": 7}
 
 
 @pytest.fixture(scope="module")
-def lm(tmp_path_factory):
-    return build_tiny_causal_lm(tmp_path_factory.mktemp("causal"))
+def lm(causal_lm):
+    return causal_lm()
 
 
 def settings(path, max_rows=4, **options) -> Settings:

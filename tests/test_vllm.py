@@ -26,7 +26,7 @@ import pytest
 import patience
 from factory import WORDS, prepare_workdir, python_env, read_predictions, run_workflow, run_workflows
 from test_generate import generate_config, run, settings
-from tiny_models import build_tiny_causal_lm, with_unknown_tokens
+from tiny_models import with_unknown_tokens
 
 pytestmark = pytest.mark.e2e  # every test here reads the module's runs of the workflow on vLLM's engine
 
@@ -55,9 +55,9 @@ if vllm_missing():
 
 
 @pytest.fixture(scope="module")
-def lm(tmp_path_factory):
+def lm(causal_lm):
     """The tiny Llama with an even intermediate_size, which tensor parallel 2 can split."""
-    return build_tiny_causal_lm(tmp_path_factory.mktemp("vllm-causal"), intermediate_size=38)
+    return causal_lm(38)
 
 
 @pytest.fixture(scope="module")

@@ -34,14 +34,13 @@ from shardinfer.tasks.vllm.feeder import EngineProgress
 from shardinfer.tasks.vllm.matching import engine_refused, finish_code, rows_results
 from shardinfer.tasks.vllm.parallel import cpu_binding, place_workers
 from shardinfer.tasks.vllm.task import VllmGenerate, row_seed
-from tiny_models import build_tiny_causal_lm
 
 EOS = [3, 9]
 
 
 @pytest.fixture(scope="module")
-def lm(tmp_path_factory):
-    return build_tiny_causal_lm(tmp_path_factory.mktemp("causal"))
+def lm(causal_lm):
+    return causal_lm()
 
 
 def generate_settings(path, adapter=None, **options):

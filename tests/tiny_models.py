@@ -90,9 +90,15 @@ def tiny_llama(vocab_size: int, eos: int, eos_like: int, intermediate_size: int 
     return model
 
 
+def causal_lm_path(root: Path, intermediate_size: int = 37) -> Path:
+    """Where build_tiny_causal_lm saves the Llama of that size under `root`."""
+    return root / ("tiny-causal-lm" if intermediate_size == 37 else f"tiny-causal-lm-{intermediate_size}")
+
+
 def build_tiny_causal_lm(root: Path, intermediate_size: int = 37) -> Path:
-    """`tiny_llama` over WORDS, saved with its word-level tokenizer; eos is drawn like "bird"."""
-    path = root / ("tiny-causal-lm" if intermediate_size == 37 else f"tiny-causal-lm-{intermediate_size}")
+    """`tiny_llama` over WORDS, saved with its word-level tokenizer; eos is drawn like "bird". The tests
+    take it from tests/conftest.py's `causal_lm`, built once per test run for each size."""
+    path = causal_lm_path(root, intermediate_size)
     model = tiny_llama(len(CAUSAL_SPECIALS) + len(CAUSAL_WORDS), 3, len(CAUSAL_SPECIALS) + WORDS.index("bird"),
                        intermediate_size, pad_token_id=0, bos_token_id=2)
     model.save_pretrained(path)
