@@ -5,8 +5,9 @@ only needs reading is made once per test run, whichever pytest-xdist worker asks
 The suite runs on pytest-xdist's workers (the README's test command: `-n auto`):
 one core is idle for much of any single end-to-end run, and the other worker's tests fill it. Each
 module stays on one worker (its module fixtures are made once), the modules whose marks name the
-same server or folder share a worker, and the groups with the most end-to-end tests start first
-(tests/scheduling.py derives both from the marks)."""
+same server or folder share a worker, those groups start first (they wait on their servers while
+the other worker computes), then the groups with the most end-to-end tests (tests/scheduling.py
+derives all of it from the marks)."""
 
 import fcntl
 import os
@@ -22,6 +23,7 @@ import pytest
 import factory
 import s3_server
 import scheduling
+import tiny_models
 
 # Bytecode cached where PYTHONDONTWRITEBYTECODE is set too (as on CI's machine), in this process and
 # every one it starts: the venv is installed without it (tests/install), and otherwise each of the
@@ -36,9 +38,11 @@ def worker_group(config: pytest.Config, nodeid: str) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The groups with the most `e2e` tests first; the rest as collected."""
+    """The groups of shared marks (servers) first, then those with the most `e2e` tests; the rest as
+    collected (tests/scheduling.py says why)."""
     groups = [worker_group(config, item.nodeid) for item in items]
-    order = scheduling.e2e_first(groups, [item.get_closest_marker("e2e") is not None for item in items])
+    e2e = [item.get_closest_marker("e2e") is not None for item in items]
+    order = scheduling.run_order(groups, e2e, scheduling.shared_marks(config.getini("markers")))
     items[:] = [items[k] for k in order]
 
 
@@ -98,6 +102,19 @@ def models(tmp_path_factory) -> factory.TinyModels:
     return factory.tiny_model_paths(made_once(tmp_path_factory, "models", factory.build_tiny_models))
 
 
+@pytest.fixture(scope="session")
+def causal_lm(tmp_path_factory) -> Callable[[int], Path]:
+    """`causal_lm(intermediate_size=37)`: tiny_models.build_tiny_causal_lm's Llama of that size (38 for
+    tensor parallel 2), built once per test run and read by every module that asks (the same seed
+    gave each module the same model when each built its own)."""
+    def built(intermediate_size: int = 37) -> Path:
+        folder = made_once(tmp_path_factory, f"causal-lm-{intermediate_size}",
+                           lambda root: tiny_models.build_tiny_causal_lm(root, intermediate_size))
+        return tiny_models.causal_lm_path(folder, intermediate_size)
+
+    return built
+
+
 @dataclass(frozen=True)
 class FinishedRun:
     workdir: Path
@@ -108,6 +125,9 @@ class FinishedRun:
 
 # The (rows, shards) the suite's modules ask `classify_runs` for: the first request makes them all.
 SHARED_CLASSIFY_RUNS = ((1000, 1), (1000, 4), (2, 4))
+# The one whose report items tests read (tests/test_report.py and test_metrics.py, in copies); the
+# others stop at the proven table, as most runs do (factory.WITHOUT_REPORT: the report job proves nothing).
+REPORTED_CLASSIFY_RUN = (1000, 4)
 
 
 @pytest.fixture(scope="session")
@@ -123,8 +143,10 @@ def classify_runs(models, tmp_path_factory):
         for rows, shards in SHARED_CLASSIFY_RUNS:
             data = folder / f"{rows}-{shards}" / "data" / "input.parquet"
             path = factory.write_input(factory.input_frame(rows), data)
-            runs.append((folder / f"{rows}-{shards}", factory.workflow_config(path, models.classifier, shards=shards)))
-        for (workdir, _), result in zip(runs, factory.run_workflows_ok(runs, report=True)):
+            without = () if (rows, shards) == REPORTED_CLASSIFY_RUN else factory.WITHOUT_REPORT
+            runs.append((folder / f"{rows}-{shards}", factory.workflow_config(path, models.classifier, shards=shards),
+                         *without))
+        for (workdir, *_), result in zip(runs, factory.run_workflows_ok(runs, report=True)):
             (folder / f"{workdir.name}.terminal").write_text(result.stdout + result.stderr)
 
     def finished(rows: int, shards: int) -> FinishedRun:

@@ -1,14 +1,14 @@
-"""Tiny Hugging Face models, inputs and workflow runs for the tests. Nothing is downloaded.
+"""Inputs, settings and workflow runs for the tests. Nothing is downloaded.
 
 The classifier, the encoder and their LoRA adapters, the texts and inputs and a run of the workflow
 are scripts/tiny_workflow.py's, which scripts/load_check.py uses too: this module hands them on,
-beside the tests' own (a causal LM, a cross-encoder, several runs at once, a clone of the workflow).
+beside the tests' own (several runs at once, inputs of other shapes, a clone of the workflow).
+The tests' other tiny models (causal LMs, a cross-encoder) are built by tests/tiny_models.py.
 """
 
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 import tomllib
 from pathlib import Path
@@ -16,6 +16,9 @@ from pathlib import Path
 import pandas as pd
 
 import patience
+
+# tests/test_batch_file.py imports it from here (until it imports tiny_models, its one home)
+from tiny_models import build_tiny_bytes_lm as build_tiny_bytes_lm
 from tiny_workflow import (
     LABELS as LABELS,
 )
@@ -139,29 +142,6 @@ def run_workflows_ok(runs: list[tuple], report: bool = False) -> list[subprocess
     return results
 
 
-def build_lora_on_plain_base(root: Path) -> tuple[Path, Path, Path]:
-    """A base encoder as shipped, whose config names none of the labels (transformers' default 2), a LoRA
-    adapter on it whose classifier head has 3 rows, and a copy of the base whose config.json was edited by
-    hand to name the adapter's 3 labels (what users had to do before `model.labels`), for references."""
-    import json
-    import shutil
-
-    import torch
-    from transformers import BertModel
-
-    base, adapter, edited = root / "plain-base", root / "plain-base-lora", root / "plain-base-edited"
-    torch.manual_seed(5)
-    BertModel(bert_config()).save_pretrained(base)
-    save_tokenizer(base)
-    save_lora(base, adapter, ["classifier"])
-    shutil.copytree(base, edited)
-    config = json.loads((edited / "config.json").read_text())
-    config["id2label"] = {str(i): name for i, name in LABELS.items()}
-    config["label2id"] = {name: i for i, name in LABELS.items()}
-    (edited / "config.json").write_text(json.dumps(config))
-    return base, adapter, edited
-
-
 def flip_a_data_page_byte(path: Path | str, column: str) -> None:
     """Flip one bit in the last byte of `column`'s chunk in the first row group: a page's header comes
     before its data, so that byte is page data (the last page's), never a header or the footer."""
@@ -183,184 +163,6 @@ def settings_for(model, inp=None, batch=None, shards: int = 1, **extra):
     inp = inp or InputSettings(path="unused.parquet", format="parquet", text_column="text", keep_columns=(),
                                null_text="error")
     return Settings(input=inp, model=model, batch=batch or BatchSettings(256, 16, 128), shards=shards, **extra)
-
-
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|{{ message['role'] }}|> {{ message['content'] }} {% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-CAUSAL_SPECIALS = ["<pad>", "<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
-# transformers' StopStringCriteria reads each token's text by decoding it after "abcdef", which a
-# word-level vocabulary must therefore know (subword vocabularies spell it out of pieces).
-CAUSAL_WORDS = [*WORDS, "abcdef"]
-
-
-def save_word_tokenizer(path: Path) -> None:
-    """A word-level tokenizer over WORDS that puts <s> before every text, with eos, pad and a chat template."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {token: i for i, token in enumerate([*CAUSAL_SPECIALS, *CAUSAL_WORDS])}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", vocab["<s>"])])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                        unk_token="<unk>", model_max_length=MAX_POSITIONS)
-    tokenizer.add_special_tokens({"additional_special_tokens": CAUSAL_SPECIALS[4:]})
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(path)
-
-
-def tiny_llama(vocab_size: int, eos: int, eos_like: int, intermediate_size: int = 37, **special_ids):
-    """A tiny Llama (hidden 32, two layers, heads of 32 dimensions: the smallest vLLM's CPU attention
-    takes), its weights drawn with a large spread (normal(0, 0.5)) so greedy logits are far from
-    ties, and the eos row of its head 1.25 times the row of the token `eos_like`: eos wins wherever
-    that token would lead strongly, so some greedy rows end on eos and others run to max_new_tokens.
-    vLLM splits every layer's outputs between tensor-parallel workers, so a model for tensor parallel 2
-    needs an even `intermediate_size` (38; the heads, 4 and 2 KV, divide already)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=intermediate_size,
-                         num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                         max_position_embeddings=2 * MAX_POSITIONS, eos_token_id=eos, tie_word_embeddings=False,
-                         **special_ids)
-    torch.manual_seed(11)
-    model = spread_weights(LlamaForCausalLM(config))
-    with torch.no_grad():
-        model.lm_head.weight[eos] = 1.25 * model.lm_head.weight[eos_like]
-    return model
-
-
-def build_tiny_causal_lm(root: Path, intermediate_size: int = 37) -> Path:
-    """`tiny_llama` over WORDS, saved with its word-level tokenizer; eos is drawn like "bird"."""
-    path = root / ("tiny-causal-lm" if intermediate_size == 37 else f"tiny-causal-lm-{intermediate_size}")
-    model = tiny_llama(len(CAUSAL_SPECIALS) + len(CAUSAL_WORDS), 3, len(CAUSAL_SPECIALS) + WORDS.index("bird"),
-                       intermediate_size, pad_token_id=0, bos_token_id=2)
-    model.save_pretrained(path)
-    save_word_tokenizer(path)
-    return path
-
-
-BYTES_SPECIALS = ["<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
-# Each message ends with <|end|>; the generation prompt opens the assistant's turn. Roles other than
-# system, user and assistant are refused (a TemplateError), as many real templates do.
-BYTES_CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}"
-    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
-    "{{ raise_exception('unknown role ' + message['role']) }}{% endif %}"
-    "<|{{ message['role'] }}|>{{ message['content'] }}<|end|>"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-
-
-def bytes_corpus(lines: int = 3000, seed: int = 0) -> list[str]:
-    """Sentences, small JSON objects, dates and labels: enough that the merges spell what the
-    structured-output tests' grammars emit."""
-    import json
-
-    rng = random.Random(seed)
-    out = []
-    for _ in range(lines):
-        kind = rng.random()
-        if kind < 0.4:
-            out.append(" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 15))))
-        elif kind < 0.8:
-            keys = ["name", "age", "color", "city", "label", "score", "tags"]
-            values = [rng.choice(WORDS), rng.randint(0, 999), rng.random(), [rng.choice(WORDS)], True, None]
-            out.append(json.dumps({rng.choice(keys): rng.choice(values) for _ in range(3)}))
-        else:
-            out.append(f"{rng.randint(1900, 2030)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d} "
-                       f"{rng.choice(['yes', 'no', 'maybe', 'positive', 'negative', 'neutral'])}")
-    return out
-
-
-def with_unknown_tokens(lm: Path, root: Path) -> Path:
-    """A copy of the tiny Llama (63 embedding rows) whose tokenizer knows two words the model has no
-    embedding for (a tokenizer saved with added tokens and an embedding never resized, as happens):
-    "zebra" is id 63, which vLLM reads from its padding row (its table padded to 64 rows) and would
-    answer silently; "yak" is id 64."""
-    import shutil
-
-    from transformers import AutoTokenizer
-
-    copy = root / "lm-extra-tokens"
-    if copy.exists():
-        return copy
-    shutil.copytree(lm, copy)
-    tokenizer = AutoTokenizer.from_pretrained(copy)
-    tokenizer.add_tokens(["zebra", "yak"])
-    tokenizer.save_pretrained(copy)
-    return copy
-
-
-def save_bytes_tokenizer(path: Path, vocab_size: int = 400):
-    """A byte-level BPE (all 256 bytes, then merges learned from `bytes_corpus`: deterministic, ~0.5 s),
-    as real LLM tokenizers are: xgrammar reads it as a byte-level vocabulary."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    backend.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=BYTES_SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    backend.train_from_iterator(bytes_corpus(), trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                        model_max_length=2 * MAX_POSITIONS)
-    tokenizer.add_special_tokens({"additional_special_tokens": BYTES_SPECIALS[3:]})
-    tokenizer.chat_template = BYTES_CHAT_TEMPLATE
-    tokenizer.save_pretrained(path)
-    return tokenizer
-
-
-def build_tiny_bytes_lm(root: Path) -> Path:
-    """`tiny_llama` over a byte-level BPE of ~400 tokens that can spell JSON, dates and labels, with
-    a chat template that refuses unknown roles: for conversations, log-probabilities and structured
-    output on both engines. eos is drawn like `}`, so JSON rows often end on eos after their brace."""
-    from transformers import GenerationConfig
-
-    path = root / "tiny-bytes-lm"
-    tokenizer = save_bytes_tokenizer(path)
-    model = tiny_llama(len(tokenizer), tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("}"),
-                       pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id)
-    config = model.config
-    model.save_pretrained(path)
-    GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-                     pad_token_id=config.pad_token_id).save_pretrained(path)
-    return path
-
-
-def spread_weights(model, std: float = 0.5):
-    """The model with its matrices drawn again from normal(0, std): a large spread, so that a tiny random
-    model's outputs differ visibly from row to row (and from a wrong reading of its inputs)."""
-    import torch
-
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() == 2:
-                parameter.normal_(0.0, std)
-    return model
-
-
-def build_tiny_cross_encoder(root: Path, num_labels: int = 1) -> Path:
-    """A tiny BERT cross-encoder over WORDS for task score: one label (its logit is a pair's score;
-    other counts for the refusal), two token types. Random weights drawn with a large spread
-    (normal(0, 0.5)), so scores vary from pair to pair and a pair read as one segment (token types
-    all 0) scores visibly otherwise."""
-    import torch
-    from transformers import BertForSequenceClassification
-
-    path = root / f"cross-encoder-{num_labels}"
-    torch.manual_seed(13)
-    model = spread_weights(BertForSequenceClassification(bert_config(num_labels=num_labels, type_vocab_size=2)))
-    model.save_pretrained(path)
-    save_tokenizer(path)
-    return path
 
 
 def workflow_clone(folder: Path) -> Path:

@@ -2,8 +2,11 @@
 it to xdist). Each test module runs whole on one worker, so its module fixtures are made once; the
 modules that name one of the marks registered as `shared:` in pyproject.toml (a server or a folder
 the tests of several modules use: `slurm`, `s3`, `repo`) share a worker, with every module that
-names another mark one of them names; and the groups with the most `e2e` tests start first, so that
-no worker is left alone with a long group at the end.
+names another mark one of them names. Those shared groups start first: their tests wait on a
+server (Slurm's queue and its status checks, the S3 server's runs) more than they compute, and the
+other worker's end-to-end runs fill the cores meanwhile (started later, the shared group's waits
+left one core idle beside the other worker's single runs). Then the groups with the most `e2e`
+tests, so that no worker is left alone with a long group at the end.
 
 The groups are read from the modules' source (`pytest.mark.<name>` in them: their `pytestmark` and
 their tests' decorators), not from collected items: xdist's scheduler, in the controller, sees node
@@ -59,9 +62,10 @@ def group_of(nodeid: str, root: Path, shared: frozenset[str]) -> str:
     return worker_groups(path.parent, shared).get(path.stem, path.stem)
 
 
-def e2e_first(groups: list[str], e2e: list[bool]) -> list[int]:
+def run_order(groups: list[str], e2e: list[bool], shared: frozenset[str]) -> list[int]:
     """The order to run tests in, given each one's group and whether it is marked `e2e`: the groups
-    with the most e2e tests first, each test's place within its group and among groups with as many
-    kept (a stable sort)."""
+    of shared marks first (worker_groups names them by their marks), then the groups with the most
+    e2e tests, each test's place within its group and among groups with as many kept (a stable sort)."""
     count = Counter(group for group, marked in zip(groups, e2e) if marked)
-    return sorted(range(len(groups)), key=lambda k: -count[groups[k]])
+    waits = {group: set(group.split("+")) <= shared for group in groups}
+    return sorted(range(len(groups)), key=lambda k: (not waits[groups[k]], -count[groups[k]]))

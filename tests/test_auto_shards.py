@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 import patience
-from factory import build_tiny_causal_lm, input_frame, prepare_workdir, workflow_config, write_input
+from factory import input_frame, prepare_workdir, workflow_config, write_input
 from shardinfer.auto_shards import (
     CPU_SHARDS,
     MOST,
@@ -136,11 +136,11 @@ def test_the_default_config_resolves_auto_and_says_so(models, tmp_path):
 @pytest.mark.e2e
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None and os.environ.get("CI") != "true",
                     reason="vLLM is not installed (the config names generate.engine vllm)")
-def test_an_engine_of_two_gpus_asks_for_them_and_counts_once(tmp_path):
+def test_an_engine_of_two_gpus_asks_for_them_and_counts_once(causal_lm, tmp_path):
     """Dry runs of a vLLM config with tensor_parallel_size 2: each shard job asks Snakemake for 2
     GPUs (and threads for its 2 workers), `auto` makes one shard per engine, and fewer GPUs given
     than one engine spans is refused in one line."""
-    lm = build_tiny_causal_lm(tmp_path / "models")
+    lm = causal_lm()
     write_input(input_frame(20), tmp_path / "data" / "input.parquet")
     config = workflow_config("data/input.parquet", lm, task="generate", model={"max_new_tokens": 4},
                              generate={"engine": "vllm", "vllm": {"tensor_parallel_size": 2}})

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from factory import WORDS, bert_config, build_tiny_causal_lm, save_tokenizer, settings_for
+from factory import WORDS, bert_config, save_tokenizer, settings_for
 from shardinfer.config import BatchSettings, ModelSettings, Settings
 from shardinfer.errors import UserError
 from shardinfer.shard.device_loop import predict_window, prepare_batches
@@ -24,8 +24,8 @@ SAMPLING = {"do_sample": True, "temperature": 1.3, "top_p": 0.95, "seed": 7}
 
 
 @pytest.fixture(scope="module")
-def lm(tmp_path_factory):
-    return build_tiny_causal_lm(tmp_path_factory.mktemp("causal"))
+def lm(causal_lm):
+    return causal_lm()
 
 
 def settings(path, max_rows=4, **options) -> Settings:

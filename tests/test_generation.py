@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import made_once
-from factory import build_tiny_bytes_lm, python_env, read_predictions, run_workflows
+from factory import python_env, read_predictions, run_workflows
 from generation_data import (
     CHOICES,
     LONG_ROW,
@@ -44,6 +44,7 @@ from generation_data import (
     write_conversations,
 )
 from test_vllm import vllm_missing
+from tiny_models import build_tiny_bytes_lm
 
 if vllm_missing():
     if os.environ.get("CI", "").lower() == "true":

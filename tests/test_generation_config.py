@@ -7,8 +7,8 @@ import json
 import pytest
 
 from conftest import made_once
-from factory import build_tiny_bytes_lm
 from shardinfer.errors import UserError
+from tiny_models import build_tiny_bytes_lm
 
 MAX_LENGTH = 48
 

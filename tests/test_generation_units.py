@@ -14,13 +14,14 @@ import pytest
 import torch
 
 from conftest import made_once
-from factory import WORDS, build_tiny_bytes_lm, settings_for
+from factory import WORDS, settings_for
 from generation_data import CHOICES, SCHEMA, conversations, run_window
 from shardinfer.config import BatchSettings, InputSettings, ModelSettings
 from shardinfer.errors import UserError
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.generate import Generate
 from shardinfer.tasks.generate_params import RowParams
+from tiny_models import build_tiny_bytes_lm
 
 MAX_LENGTH, NEW_TOKENS = 48, 12
 TEXTS = ["the cat sat", '{"name": "dog", "age"', "big red house and a small boat", "write json", "2024-01-02 was a",

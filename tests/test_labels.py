@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import reference
-from factory import LABELS, bert_config, build_lora_on_plain_base, input_settings, save_tokenizer, settings_for, texts
+from factory import LABELS, bert_config, input_settings, save_tokenizer, settings_for, texts
 from shardinfer.config import BatchSettings, ModelSettings, Settings
 from shardinfer.errors import UserError
 from shardinfer.hf.labels import label_names
@@ -14,6 +14,7 @@ from shardinfer.settings_digest import output_digest
 from shardinfer.tasks import task_class
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.classify import Classify
+from tiny_models import build_lora_on_plain_base
 
 NAMES = ("neg", "neu", "pos")
 

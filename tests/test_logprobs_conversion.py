@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from benchmark_logprobs import dict_sample_logprobs, engine_logprobs
-from factory import save_bytes_tokenizer
 from shardinfer.errors import UserError
 from shardinfer.tasks.generate_logprobs import SampleLogprobs, TokenTexts, logprobs_array
 from shardinfer.tasks.generate_params import RowParams
 from shardinfer.tasks.vllm.matching import rows_results, sample_logprobs
+from tiny_models import save_bytes_tokenizer
 
 
 def test_a_rows_samples_come_in_their_order_with_their_log_probabilities():

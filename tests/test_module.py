@@ -10,7 +10,8 @@ import yaml
 
 import patience
 import reference
-from factory import REPO, build_lora_on_plain_base, input_frame, local_env, workflow_config, write_input
+from factory import REPO, input_frame, local_env, workflow_config, write_input
+from tiny_models import build_lora_on_plain_base
 
 NAMES = ["neg", "neu", "pos"]
 USER_SNAKEFILE = """\

@@ -13,7 +13,6 @@ import pyarrow as pa
 import pytest
 import torch
 
-from factory import build_tiny_causal_lm, with_unknown_tokens
 from shardinfer.config import BatchSettings, RowErrorSettings
 from shardinfer.errors import UserError
 from shardinfer.shard.device_loop import RowErrors, predict_window, prepare_batches
@@ -21,6 +20,7 @@ from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.generate import Generate
 from shardinfer.tasks.generate_prompts import prompt_problem
 from test_generate import settings
+from tiny_models import with_unknown_tokens
 
 TEXTS = ["red cat", "blue bird fly", "zebra bird", "green fish", "the yak", "dog run"]
 
@@ -39,10 +39,9 @@ def test_prompt_problem(ids, new, says):
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("prompt-checks")
-    lm = build_tiny_causal_lm(root)
-    return lm, with_unknown_tokens(lm, root)
+def models(causal_lm, tmp_path_factory):
+    lm = causal_lm()
+    return lm, with_unknown_tokens(lm, tmp_path_factory.mktemp("prompt-checks"))
 
 
 def loaded(path, record: bool) -> Generate:

@@ -259,16 +259,16 @@ def test_end_to_end_a_stopped_shard_resumes_and_the_terminal_says_which_rows_fai
             "results/predictions.parquet") in result.stdout + result.stderr
 
 
-def test_record_is_taken_by_the_vllm_engine_too(tmp_path):
+def test_record_is_taken_by_the_vllm_engine_too(causal_lm):
     """vLLM's engine loop fails a bad prompt's row alone (tests/test_vllm.py runs it)."""
-    from factory import build_tiny_causal_lm, settings_for
+    from factory import settings_for
     from shardinfer.config import ModelSettings
     from shardinfer.tasks.vllm.checks import vllm_installed
     from shardinfer.tasks.vllm.task import VllmGenerate
 
     if not vllm_installed():
         pytest.skip("vLLM is not installed")
-    model = ModelSettings(path=str(build_tiny_causal_lm(tmp_path)), adapter=None, task="generate", max_length=24,
+    model = ModelSettings(path=str(causal_lm()), adapter=None, task="generate", max_length=24,
                           dtype="auto", trust_remote_code=False, allow_pickle=False, max_new_tokens=10)
     VllmGenerate.check_settings(settings_for(model, task_settings={"engine": "vllm"},
                                              row_errors=RowErrorSettings("record", 0.01)))

@@ -3,7 +3,7 @@
 import tomllib
 
 from factory import REPO
-from scheduling import e2e_first, group_of, shared_marks, worker_groups
+from scheduling import group_of, run_order, shared_marks, worker_groups
 
 REGISTERED = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
 
@@ -34,9 +34,10 @@ def test_the_suites_own_groups():
     assert groups["test_workflow"] == "test_workflow"
 
 
-def test_the_groups_with_the_most_e2e_tests_run_first_and_the_rest_as_collected():
-    groups = ["unit", "one", "many", "unit", "many", "many", "one", "none"]
-    e2e = [False, True, True, False, True, False, False, False]
-    assert [groups[k] for k in e2e_first(groups, e2e)] == ["many", "many", "many", "one", "one", "unit", "unit",
-                                                             "none"]
-    assert e2e_first(groups, e2e)[:3] == [2, 4, 5]  # a group's tests keep their order
+def test_the_shared_groups_run_first_then_those_with_the_most_e2e_tests_and_the_rest_as_collected():
+    groups = ["unit", "one", "many", "unit", "many", "s3+slurm", "many", "one", "none", "s3+slurm"]
+    e2e = [False, True, True, False, True, True, False, False, False, False]
+    order = run_order(groups, e2e, frozenset({"slurm", "s3", "repo"}))
+    assert [groups[k] for k in order] == ["s3+slurm", "s3+slurm", "many", "many", "many", "one", "one", "unit",
+                                          "unit", "none"]
+    assert order[:5] == [5, 9, 2, 4, 6]  # a group's tests keep their order

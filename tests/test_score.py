@@ -9,16 +9,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from factory import (
-    REPO,
-    build_tiny_cross_encoder,
-    input_frame,
-    read_predictions,
-    run_workflows_ok,
-    texts,
-    workflow_config,
-    write_input,
-)
+from factory import REPO, input_frame, read_predictions, run_workflows_ok, texts, workflow_config, write_input
 from shardinfer.checks import check_settings
 from shardinfer.configure import settings_from_config
 from shardinfer.errors import UserError
@@ -26,6 +17,7 @@ from shardinfer.plan import make_plan
 from shardinfer.shard.device_loop import predict_window, prepare_batches
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.score import Score
+from tiny_models import build_tiny_cross_encoder
 
 SCHEMA = str(REPO / "workflow" / "schemas" / "config.schema.yaml")
 MAX_LENGTH = 32

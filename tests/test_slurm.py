@@ -39,7 +39,7 @@ import yaml
 import patience
 import plugins
 import reference
-from factory import WITHOUT_REPORT, build_tiny_causal_lm, input_frame, read_predictions, workflow_config, write_input
+from factory import WITHOUT_REPORT, input_frame, read_predictions, workflow_config, write_input
 
 # The real Slurm, and the S3 server's bucket for the run without a shared filesystem.
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm, pytest.mark.s3]
@@ -144,11 +144,10 @@ def bucket_env(s3) -> dict:
             "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
 
 
-def make_parallel_case(workdir: Path) -> Case:
+def make_parallel_case(workdir: Path, lm: Path) -> Case:
     """One shard of task generate on vLLM with tensor_parallel_size 2, on the tiny Llama."""
     frame = input_frame(6, seed=14)
     path = write_input(frame, workdir / "data" / "input.parquet")
-    lm = build_tiny_causal_lm(workdir / "models", intermediate_size=38)
     config = workflow_config(path, lm, task="generate", model={"max_new_tokens": 4},
                              generate={"engine": "vllm", "vllm": {"tensor_parallel_size": 2}})
     config["input"]["keep_columns"] = ["id"]
@@ -300,7 +299,8 @@ class Scenario:
 
 
 @pytest.fixture(scope="module")
-def scenarios(slurm, profile, bucket_profile, s3, models, tmp_path_factory, bucket_runs) -> dict[str, Scenario]:
+def scenarios(slurm, profile, bucket_profile, s3, models, causal_lm, tmp_path_factory,
+              bucket_runs) -> dict[str, Scenario]:
     """The first run of each test below, all started at once: their jobs share the node's 2 CPUs
     (Slurm queues what does not fit) and their waits between status checks overlap, so the module
     takes about half as long as running them one after another. Each test waits for its own.
@@ -324,7 +324,7 @@ def scenarios(slurm, profile, bucket_profile, s3, models, tmp_path_factory, buck
     case = make_bucket_case(models, s3, tmp_path_factory.mktemp("jobs"), rows=40, shards=2, seed=11)
     started["jobs"] = Scenario(case, Run(case, bucket_profile, env=bucket_env(s3)), None)
     if importlib.util.find_spec("vllm") is not None:  # else its test says why it cannot run
-        case = make_parallel_case(tmp_path_factory.mktemp("parallel"))
+        case = make_parallel_case(tmp_path_factory.mktemp("parallel"), causal_lm(38))
         started["parallel"] = Scenario(case, Run(case, profile), None)
     yield started
     for scenario in started.values():  # a test that failed early may leave its run going

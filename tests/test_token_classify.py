@@ -11,22 +11,14 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from factory import (
-    REPO,
-    bert_config,
-    input_frame,
-    run_workflows_ok,
-    save_tokenizer,
-    spread_weights,
-    workflow_config,
-    write_input,
-)
+from factory import REPO, bert_config, input_frame, run_workflows_ok, save_tokenizer, workflow_config, write_input
 from shardinfer.checks import check_settings
 from shardinfer.configure import settings_from_config
 from shardinfer.errors import UserError
 from shardinfer.shard.device_loop import predict_window, prepare_batches
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.token_classify import TokenClassify, grouped_entities
+from tiny_models import spread_weights
 
 SCHEMA = str(REPO / "workflow" / "schemas" / "config.schema.yaml")
 TAGS = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC", 5: "MISC"}

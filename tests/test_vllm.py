@@ -24,17 +24,9 @@ import pandas as pd
 import pytest
 
 import patience
-from factory import (
-    WORDS,
-    build_tiny_causal_lm,
-    prepare_workdir,
-    python_env,
-    read_predictions,
-    run_workflow,
-    run_workflows,
-    with_unknown_tokens,
-)
+from factory import WORDS, prepare_workdir, python_env, read_predictions, run_workflow, run_workflows
 from test_generate import generate_config, run, settings
+from tiny_models import with_unknown_tokens
 
 pytestmark = pytest.mark.e2e  # every test here reads the module's runs of the workflow on vLLM's engine
 
@@ -63,9 +55,9 @@ if vllm_missing():
 
 
 @pytest.fixture(scope="module")
-def lm(tmp_path_factory):
+def lm(causal_lm):
     """The tiny Llama with an even intermediate_size, which tensor parallel 2 can split."""
-    return build_tiny_causal_lm(tmp_path_factory.mktemp("vllm-causal"), intermediate_size=38)
+    return causal_lm(38)
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +114,7 @@ def everything(lm, lora, tmp_path_factory):
     """All of this module's engine work at once (each run alone keeps about one core busy): real
     `snakemake` runs over 40 prompts (vLLM with chat template, system prompt, stop strings and the
     LoRA over 1 and 2 shards, and over 1 shard with tensor parallel 2 on 2 threads; the
-    transformers engine with the same over 1 shard), vLLM sampling over 240 prompts in 3 shards of
+    transformers engine with the same over 1 shard), vLLM sampling over 240 prompts in 2 shards of
     windows of 16 and in 1 shard of windows of 256, a sampled run whose engine setting is refused,
     prompts with tokens the model cannot embed (recorded on vLLM, over the cap on vLLM, failing the
     shard on transformers), and the probe."""
@@ -136,7 +128,7 @@ def everything(lm, lora, tmp_path_factory):
                                                               ("transformers", "transformers", 1, lora, CHAT_STOP),
                                                               ("tp2", "vllm", 1, lora, TP2))}
     planned["tp2", 1] += ("--set-threads", "infer=2")  # a core for each of the engine's 2 workers
-    for shards, window in ((3, 16), (1, 256)):
+    for shards, window in ((2, 16), (1, 256)):
         planned["sampled", shards] = (root / f"sampled-{shards}", engine_config(many, lm, shards, "vllm",
                                                                                 **SAMPLED_MANY))
         planned["sampled", shards][1]["batch"]["sort_window"] = window
@@ -209,20 +201,20 @@ def test_tensor_parallel_2_equals_1_row_for_row_and_says_what_it_spans(runs):
                                                                          "0.log").read_text()
 
 
-def test_sampling_over_a_window_beyond_the_cpu_token_budget_equals_three_shards(runs):
+def test_sampling_over_a_window_beyond_the_cpu_token_budget_equals_two_shards(runs):
     """Issue 42: seeded rows on vLLM's CPU build failed a shard once a window held more prompt tokens
     than an engine step (4,096), while the same rows in 3 shards passed. Now one shard whose second
-    window holds over 4,096 prompt tokens equals 3 shards of windows of 16, row for row."""
-    one, three = read_predictions(runs["sampled", 1]), read_predictions(runs["sampled", 3])
-    assert one["index"].tolist() == list(range(SAMPLED_ROWS)) and one.equals(three)
+    window holds over 4,096 prompt tokens equals 2 shards of windows of 16, row for row."""
+    one, two = read_predictions(runs["sampled", 1]), read_predictions(runs["sampled", 2])
+    assert one["index"].tolist() == list(range(SAMPLED_ROWS)) and one.equals(two)
     assert one["n_prompt_tokens"][16:].sum() > 4096  # the first window is 256 // 16 rows
     assert "'enable_chunked_prefill': False" in (runs["sampled", 1] / "logs" / "infer" / "0.log").read_text()
 
 
 def test_sampling_depends_on_prompt_seed_and_index_only(runs, probe):
-    """3 shards through `snakemake` = all rows in one engine call = the windows in reverse order =
+    """2 shards through `snakemake` = all rows in one engine call = the windows in reverse order =
     a subset alone; another seed differs, and sampling differs from greedy."""
-    sampled = rows_of(read_predictions(runs["sampled", 3]))[:ROWS]
+    sampled = rows_of(read_predictions(runs["sampled", 2]))[:ROWS]
     half = probe["half"]
     assert sampled == probe["sampled"]
     assert probe["reversed"][ROWS - half:] + probe["reversed"][: ROWS - half] == sampled

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from factory import build_tiny_causal_lm, settings_for
+from factory import settings_for
 from shardinfer.config import BatchSettings, ModelSettings
 from shardinfer.errors import UserError
 from shardinfer.settings_digest import output_digest
@@ -39,8 +39,8 @@ EOS = [3, 9]
 
 
 @pytest.fixture(scope="module")
-def lm(tmp_path_factory):
-    return build_tiny_causal_lm(tmp_path_factory.mktemp("causal"))
+def lm(causal_lm):
+    return causal_lm()
 
 
 def generate_settings(path, adapter=None, **options):

@@ -2,7 +2,7 @@
 SmolVLM and SmolDocling, which loads on both engines here (vLLM's CPU build without torchvision:
 the LLaVA and Qwen-VL processors need it). A SigLIP-style vision tower of 32x32 tiles in 8x8
 patches, a pixel shuffle (scale 2: 4 image tokens per tile) and the tests' tiny Llama over WORDS;
-random weights with a large spread, as factory.tiny_llama's, and eos drawn like a word so that
+random weights with a large spread, as tiny_models.tiny_llama's, and eos drawn like a word so that
 some rows end early. Its processor: Idefics3's PIL image processor (at most 2x2 tiles of 32 plus a
 global tile) and a word-level tokenizer that knows the image tokens, with a chat template that
 takes content parts ({"type": "image"}, {"type": "text", "text": ...}).
@@ -13,7 +13,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from factory import CAUSAL_SPECIALS, CAUSAL_WORDS, WORDS, spread_weights
+from factory import WORDS
+from tiny_models import CAUSAL_SPECIALS, CAUSAL_WORDS, spread_weights
 
 IMAGE_TOKENS = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>",
                 *(f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7))]
