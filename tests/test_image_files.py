@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from shardinfer.config import InputSettings
+from shardinfer.errors import UserError
 from shardinfer.input.image_files import (
     PLANNED,
     gather_image_trigger,
@@ -21,7 +22,7 @@ from shardinfer.input.image_files import (
     read_image_file,
 )
 from shardinfer.input.images import column_images
-from shardinfer.plan import make_plan, read_plan, write_plan
+from shardinfer.plan import make_plan, read_plan, run_plan, write_plan
 from shardinfer.tasks.generate_images import image_limit, image_token_estimate
 from tiny_vlm import image_bytes
 
@@ -91,6 +92,24 @@ def test_gather_tells_a_touched_file_from_a_replaced_one(tmp_path):
     assert image_changed(tmp_path, "a.png", read).startswith(f"has other content (size {len(data)} -> {len(data)}, ")
     (tmp_path / "a.png").unlink()
     assert image_changed(tmp_path, "a.png", read) == "is gone"
+
+
+def test_images_by_path_are_refused_in_a_bucket_and_bytes_are_not(tmp_path):
+    """Without a shared filesystem (the plan job cuts the shards' rows: `cut_paths`), a shard job could
+    not read a path from the bucket nor could anything prove it: the plan job refuses, writing nothing."""
+    inp = named_input(tmp_path, [["a.png"], [], ["b.png"]])
+    cuts = [str(tmp_path / f"cut{shard}.parquet") for shard in range(2)]
+    with pytest.raises(UserError) as refused:
+        run_plan(inp, 2, 80, str(tmp_path / "plan.json"), local_parts=[inp.path], cut_paths=cuts)
+    assert str(refused.value).startswith("input.image_column `image` names image files by path (`a.png`, ...)")
+    assert "hold the images' bytes in the column (binary" in str(refused.value)
+    assert "\n" not in str(refused.value)
+    assert not any(path.name.startswith(("plan", "cut")) for path in tmp_path.iterdir())
+    pq.write_table(pa.table({"text": ["red cat"] * 3, "image": [image_bytes(1), None, image_bytes(2)]}),
+                   tmp_path / "bytes.parquet")
+    inp = image_input(str(tmp_path / "bytes.parquet"))
+    run_plan(inp, 2, 80, str(tmp_path / "plan.json"), local_parts=[inp.path], cut_paths=cuts)
+    assert read_plan(str(tmp_path / "plan.json")).rows == 3 and all(os.path.isfile(cut) for cut in cuts)
 
 
 def test_the_plan_counts_an_images_tokens(tmp_path):

@@ -36,7 +36,7 @@ from shardinfer.errors import UserError
 from shardinfer.input.formats import format_named
 from shardinfer.input.formats.base import Span
 from shardinfer.input.formats.text_blocks import span_of_plan_v6
-from shardinfer.input.image_files import shard_images
+from shardinfer.input.image_files import refuse_in_bucket, shard_images
 from shardinfer.input.images import input_folder
 from shardinfer.input.parts import Part, PartsScan, Piece, check_same_parts, iter_pieces, one_file, scan_parts
 from shardinfer.input.shard_cuts import Cut, cut_part, cut_pieces, read_as_cut, whole_parts, write_cuts
@@ -320,10 +320,12 @@ def run_plan(inp: InputSettings, shards: int, max_length: int, plan_path: str, s
              local_parts: list[str] | None = None, cut_paths: list[str] | None = None, image_cost: int = 0) -> Plan:
     """The plan rule: scan, cut, stage, write; logs the ranges. Without a shared filesystem the job
     reads its storage copies of the parts (`local_parts`, in the input's order) and writes each shard's
-    rows to its cut (`cut_paths`: shardinfer.input.shard_cuts) instead of staging any part."""
+    rows to its cut (`cut_paths`: shardinfer.input.shard_cuts) instead of staging any part, and refuses
+    images named by path (`image_files.refuse_in_bucket`)."""
     read = dataclasses.replace(inp, parts=tuple(local_parts)) if local_parts else inp
     plan = make_plan(read, shards, max_length, staged_dir, overhead, image_cost)
     if cut_paths is not None:
+        refuse_in_bucket(inp.image_columns[0] if inp.image_columns else "", plan.images)
         plan = plan.write_cuts(read, cut_paths)
         log.info("cut the shards' rows into %d files, %d bytes in all (the input: %d bytes)", plan.shards,
                  sum(cut.size for cut in plan.cuts), sum(part.size for part in plan.parts))

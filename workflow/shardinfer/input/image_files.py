@@ -17,6 +17,11 @@ image counterpart of `shardinfer.input.identity`, each layer as cheap as it can 
 3. Gather stats each file its shards read (`image_changed`): the same size, mtime and ctime prove
    it unchanged; otherwise its bytes are digested, and a file whose content is not what its shard
    read is refused in one line naming the path and the row.
+
+None of this holds without a shared filesystem (the input in a bucket): a job sees only its declared
+files, so a shard job would read the path on its own node, where it is absent (Kubernetes, cloud
+batch) or a local file that is not the bucket's, and no stat here could prove it. The plan job, the
+one job that reads the column there, refuses images by path (`refuse_in_bucket`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import hashlib
 import json
 import os
 from pathlib import Path
+
+from shardinfer.errors import UserError
 
 PLANNED = "planned"
 SIZE_MTIME = ("st_size", "st_mtime_ns")  # what reruns a shard (its infer param)
@@ -128,3 +135,16 @@ def image_changed(folder: Path, name: str, read: dict) -> str | None:
     if digest == read["sha256"]:
         return None
     return f"has other content (size {read['size']} -> {stat.st_size}, sha256 {read['sha256'][:12]} -> {digest[:12]})"
+
+
+def refuse_in_bucket(column: str, images: tuple[dict, ...] | None) -> None:
+    """Without a shared filesystem, a plan naming image files by path (`images`: `shard_images`) is
+    refused in one line: the shard jobs could neither read them from the bucket nor prove them.
+    Raised by the plan job, not as the Snakefile loads: only a job reads the column's type and values
+    there (bytes stay allowed), and it comes before any shard job."""
+    first = next((shard["paths"][0] for shard in images or () if shard["paths"]), None)
+    if first is not None:
+        raise UserError(f"input.image_column `{column}` names image files by path (`{first}`, ...), which jobs "
+                        "without a shared filesystem can neither read from the bucket nor prove unchanged; with "
+                        "the input in a bucket hold the images' bytes in the column (binary, or {bytes, path} "
+                        "structs with their bytes), or run on a shared filesystem")
