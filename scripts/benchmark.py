@@ -455,7 +455,8 @@ def bare_vllm(settings: Settings, device: str) -> dict:
     ready = time.perf_counter()
     params = sampling_params(settings, eos_token_ids(tokenizer, config.get("eos_token_id")),
                              generation_to_vllm(config, model.path), len(ids))
-    compiled = compile_seconds(llm, ids[0], params[0]) if settings.task_settings.structured else 0.0
+    options = settings.task_settings
+    compiled = compile_seconds(llm, ids[0], params[0]) if options.structured or options.logprobs is not None else 0.0
     begun = time.perf_counter()
     outputs = llm.generate([{"prompt_token_ids": row} for row in ids], params, use_tqdm=False)
     done = time.perf_counter()
