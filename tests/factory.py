@@ -16,9 +16,6 @@ from pathlib import Path
 import pandas as pd
 
 import patience
-
-# tests/test_batch_file.py imports it from here (until it imports tiny_models, its one home)
-from tiny_models import build_tiny_bytes_lm as build_tiny_bytes_lm
 from tiny_workflow import (
     LABELS as LABELS,
 )

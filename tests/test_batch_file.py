@@ -31,13 +31,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import made_once
-from factory import WORDS, build_tiny_bytes_lm, read_predictions, run_workflows
+from factory import WORDS, read_predictions, run_workflows
 from generation_data import SCHEMA, settings_of
 from shardinfer.contract.shard_file import IDENTITY_KEY
 from shardinfer.errors import ProofError, UserError
 from shardinfer.input.scan import scan_input
 from shardinfer.tasks import engine_class
 from test_vllm import vllm_missing
+from tiny_models import build_tiny_bytes_lm
 
 if vllm_missing():
     if os.environ.get("CI", "").lower() == "true":

@@ -70,8 +70,16 @@ def hook_run(folder: Path) -> tuple[list[str], dict]:
 
 
 def start(folder: Path, command: list[str], env: dict, **extra: str) -> patience.Started:
-    """The run in a process group of its own, as a terminal starts it (Ctrl-C signals the group)."""
-    return patience.Started(command, [folder], merged=True, cwd=folder, env={**env, **extra}, start_new_session=True)
+    """The run in a process group of its own, as a terminal starts it (Ctrl-C signals the group),
+    with SIGINT handled as a terminal leaves it: a suite started in the background of a
+    non-interactive shell inherits SIGINT ignored, and Snakemake would then never hear it."""
+    return patience.Started(command, [folder], merged=True, cwd=folder, env={**env, **extra}, start_new_session=True,
+                            preexec_fn=terminal_signals)
+
+
+def terminal_signals() -> None:
+    """In the child, before it runs: SIGINT's default, as in a terminal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def shard_mtimes(folder: Path) -> dict[str, int]:
