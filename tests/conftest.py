@@ -182,7 +182,7 @@ def bucket_runs(s3, models, tmp_path_factory):
     (tests/bucket_runs.py); tests/test_slurm.py asks for them so that they overlap with its runs."""
     import bucket_runs as runs
 
-    bytes_lm = made_once(tmp_path_factory, "bytes-lm", factory.build_tiny_bytes_lm) / "tiny-bytes-lm"
+    bytes_lm = made_once(tmp_path_factory, "bytes-lm", tiny_models.build_tiny_bytes_lm) / "tiny-bytes-lm"
     started = runs.BucketRuns(s3, models, tmp_path_factory.mktemp("bucket-runs"), bytes_lm)
     started.start()
     yield started
