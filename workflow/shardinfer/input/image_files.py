@@ -104,6 +104,11 @@ def gather_image_trigger(plan_path: str, folder: Path) -> str:
     return "changed " + hashlib.sha256(" ".join(now).encode()).hexdigest()[:16]
 
 
+def stamp(stat: os.stat_result) -> tuple[int, int, int]:
+    """What proves a file unchanged since it was read: its size, mtime and ctime (ns)."""
+    return stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns
+
+
 def read_image_file(folder: Path, name: str) -> tuple[bytes, dict]:
     """A file's bytes and its identity as read: size, mtime_ns, ctime_ns and SHA-256; OSError for a
     file that cannot be read or that changed while it was read."""
@@ -111,8 +116,7 @@ def read_image_file(folder: Path, name: str) -> tuple[bytes, dict]:
     before = os.stat(path)
     data = path.read_bytes()
     after = os.stat(path)
-    stamps = [(stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns) for stat in (before, after)]
-    if stamps[0] != stamps[1] or len(data) != after.st_size:
+    if stamp(before) != stamp(after) or len(data) != after.st_size:
         raise OSError(f"`{name}` changed while it was read")
     return data, {"size": after.st_size, "mtime_ns": after.st_mtime_ns, "ctime_ns": after.st_ctime_ns,
                   "sha256": hashlib.sha256(data).hexdigest()}
@@ -126,7 +130,7 @@ def image_changed(folder: Path, name: str, read: dict) -> str | None:
         stat = os.stat(path)
     except OSError:
         return "is gone"
-    if (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns) == (read["size"], read["mtime_ns"], read["ctime_ns"]):
+    if stamp(stat) == (read["size"], read["mtime_ns"], read["ctime_ns"]):
         return None
     try:
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
