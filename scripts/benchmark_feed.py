@@ -7,7 +7,8 @@ Same prompts (long-tailed, as `--task generate`), same token ids, same engine ar
 output lengths vary up to max_new_tokens (most rows end early on eos: `build_generator`). Each
 variant runs in a process of its own, end to end as a Snakemake job runs, `--repeats` times in
 turn; the generating time (the shard job's device stage; the bare call's `generate`) of the
-fastest repeat counts. Variants:
+fastest repeat counts, and beside it each round's ratio to bare, the median of the rounds
+(`paired`: robust to a machine whose speed drifts between runs). Variants:
 
 - the shard job at `batch.sort_window` 256 (many windows: where draining at each window's end
   cost the most) and at the default (16384: a short first window, then the rest);
@@ -27,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from paired import median_ratio
 from shardinfer.config import RowErrorSettings
 from shardinfer.plan import run_plan
 
@@ -126,7 +128,8 @@ def in_process(settings, repeats: int) -> None:
     best = {name: min(each) for name, each in seconds.items()}
     print(f"\nin one process, one engine, {repeats} interleaved runs each (best counts):")
     for name, each in seconds.items():
-        print(f"  {name:22} {best[name]:7.2f} s  {best['bare'] / best[name]:.3f}x bare   "
+        print(f"  {name:22} {best[name]:7.2f} s  {best['bare'] / best[name]:.3f}x bare   paired "
+              f"{median_ratio(seconds['bare'], each)}   "
               f"runs {'/'.join(f'{t:.1f}' for t in each)}   same tokens as bare: {tokens[name] == tokens['bare']}")
 
 
@@ -142,10 +145,12 @@ def report(runs: dict, settings, bad_rows: list[int], rows: int) -> None:
     print(f"\n{rows} prompts, max_new_tokens {settings.model.max_new_tokens}, greedy; generated per row "
           f"{generated.min()}..{generated.max()} (median {int(np.median(generated))}), "
           f"{int((generated < settings.model.max_new_tokens).sum())} rows ended early on eos")
-    print(f"{'':18}{'generating s':>14}{'x bare':>9}{'wall s':>9}   each repeat (generating)")
+    seconds = {name: [generating(run) for run in each] for name, each in runs.items()}
+    print(f"{'':18}{'generating s':>14}{'x bare':>9}{'wall s':>9}   {'x bare, paired':42}each repeat (generating)")
     for name in ("bare", "window 256", "default window", "bad prompts"):
-        each = "/".join(f"{generating(run):.1f}" for run in runs[name])
-        print(f"{name:18}{best[name]:>14.2f}{best['bare'] / best[name]:>9.3f}{wall[name]:>9.1f}   {each}")
+        each = "/".join(f"{value:.1f}" for value in seconds[name])
+        paired = median_ratio(seconds["bare"], seconds[name])
+        print(f"{name:18}{best[name]:>14.2f}{best['bare'] / best[name]:>9.3f}{wall[name]:>9.1f}   {paired:42}{each}")
     for name in ("window 256", "default window"):
         frame = runs[name][-1]["frame"]
         same = sum(a == b for a, b in zip(frame["n_generated_tokens"], generated))
@@ -154,6 +159,7 @@ def report(runs: dict, settings, bad_rows: list[int], rows: int) -> None:
     frame = runs["bad prompts"][-1]["frame"]
     failed = frame.loc[frame["error"].notna(), "index"].tolist()
     print(f"bad prompts: {len(failed)} rows failed {failed} (planted: {bad_rows}); time against the good prompts "
-          f"{best['bad prompts'] / best['default window']:.3f}x generating, "
+          f"{best['bad prompts'] / best['default window']:.3f}x generating (paired: "
+          f"{median_ratio(seconds['bad prompts'], seconds['default window'])}), "
           f"{wall['bad prompts'] / wall['default window']:.3f}x wall")
     print(json.dumps({"first_error": frame.loc[frame["error"].notna(), "error"].head(1).tolist()}))

@@ -9,7 +9,9 @@ one run, each variant on the shard job (vLLM engine, and the transformers engine
   compile time, the first request with the schema less an unconstrained one, on a line of its own).
 
 Each shard job and each bare engine runs in a process of its own (`benchmark.child`); the figures
-are their generating seconds (the shard job's device stage; the bare engine's `generate` call).
+are their generating seconds (the shard job's device stage; the bare engine's `generate` call):
+the fastest of `--repeats` rounds, and the shard job against bare as the median of the rounds'
+ratios (`paired`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+
+from paired import median_ratio
 
 SCHEMA = {"type": "object", "properties": {"label": {"enum": ["yes", "no", "maybe"]},
                                            "age": {"type": "integer", "minimum": 0, "maximum": 120},
@@ -124,6 +128,18 @@ def print_variants(results: dict, rows: int, every: dict) -> None:
     for run in ("vllm", "bare", "transformers"):
         if ("sampled", run) in results:
             print_goals(results, run, names[run], rows)
+    print_paired(every)
+
+
+def print_paired(every: dict) -> None:
+    """The shard job against bare vLLM per variant, each round's ratio (they ran a minute apart)
+    and their median; the log-probabilities' and the grammar's one-time compile stays in it, as
+    the shard job pays it in its first window and bare vLLM paid it before its timed call."""
+    for variant in dict.fromkeys(variant for variant, _ in every):
+        if (variant, "vllm") in every and (variant, "bare") in every:
+            shard = [generating(run) for run in every[variant, "vllm"]]
+            bare = [generating(run) + run.get("compile_s", 0.0) for run in every[variant, "bare"]]
+            print(f"{variant}: shard job / bare vLLM (its compile counted), paired: {median_ratio(shard, bare)}")
 
 
 def print_goals(results: dict, run: str, name: str, rows: int) -> None:

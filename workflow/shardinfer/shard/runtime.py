@@ -10,6 +10,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+import pyarrow as pa
 import torch
 
 from shardinfer.batching import batch_budget
@@ -55,6 +56,13 @@ def lease_devices(settings: Settings) -> Lease:
     return acquire_devices(count, wait_s=default_wait_s(), asked_by=engine.devices_setting or "the GPUs per engine")
 
 
+def import_pandas_now() -> None:
+    """pyarrow imports pandas, where installed, at its first conversion of Python values
+    (`pa.array`): in a shard job, the writer's first window, on a thread beside the device's work
+    (on a CPU, beside the engine's threads on the same cores). Taken here, before the model loads."""
+    pa.array([0])
+
+
 def start_runtime(job: ShardJob, lease: Lease) -> Runtime:
     """Pick device and precision, then load the task (its model, tokenizer or the user's code)."""
     settings = job.settings
@@ -67,6 +75,7 @@ def start_runtime(job: ShardJob, lease: Lease) -> Runtime:
     else:
         where = f"cpu ({torch.get_num_threads()} threads)"
     log.info("running on %s in %s", where, dtype)
+    import_pandas_now()
     loaded_at = time.perf_counter()
     task = engine_class(settings).load(LoadContext(settings, device, dtype, job.tokens))
     what = settings.model.path or settings.model.entrypoint
