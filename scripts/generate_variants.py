@@ -22,6 +22,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+import engine_counts
 from paired import median_ratio
 
 SCHEMA = {"type": "object", "properties": {"label": {"enum": ["yes", "no", "maybe"]},
@@ -140,6 +141,8 @@ def print_paired(every: dict) -> None:
             shard = [generating(run) for run in every[variant, "vllm"]]
             bare = [generating(run) + run.get("compile_s", 0.0) for run in every[variant, "bare"]]
             print(f"{variant}: shard job / bare vLLM (its compile counted), paired: {median_ratio(shard, bare)}")
+            print(f"  engine work, shard job: {engine_counts.line(every[variant, 'vllm'][-1].get('engine'))}; bare: "
+                  f"{engine_counts.line(every[variant, 'bare'][-1].get('engine'))}")
 
 
 def print_goals(results: dict, run: str, name: str, rows: int) -> None:

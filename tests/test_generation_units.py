@@ -315,3 +315,22 @@ def test_log_probabilities_with_a_repetition_penalty_are_refused_on_transformers
         Generate.load(LoadContext(settings(copy, logprobs=0), torch.device("cpu"), torch.float32))
     assert RowParams.of(settings(copy)).logprobs is None
 
+
+
+def test_a_configs_vocab_size_is_its_text_configs_as_transformers_finds_it(tmp_path):
+    """One reading of a model folder's vocab_size (the batch file's logit_bias ids at the plan, the
+    vLLM engine's prompt check): a composite model's text part before its own top-level value,
+    as `get_text_config()` takes it; None without a config or a size."""
+    from transformers import AutoConfig, LlavaConfig
+
+    from shardinfer.tasks.generate_params import config_vocab_size
+
+    composite = LlavaConfig(text_config={"model_type": "llama", "vocab_size": 321}).to_dict()
+    (tmp_path / "config.json").write_text(json.dumps({**composite, "vocab_size": 999}))
+    assert AutoConfig.from_pretrained(tmp_path).get_text_config().vocab_size == 321
+    assert config_vocab_size(str(tmp_path)) == 321
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 77}))
+    assert config_vocab_size(str(tmp_path)) == 77
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert config_vocab_size(str(tmp_path)) is None
+    assert config_vocab_size(str(tmp_path / "absent")) is None

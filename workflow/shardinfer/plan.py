@@ -148,14 +148,17 @@ class Plan:
 
 
 def make_plan(inp: InputSettings, shards: int, max_length: int, staged_dir: str | None = None,
-              overhead: int = 0, image_cost: int = 0) -> Plan:
+              overhead: int = 0, image_cost: int = 0, in_bucket: bool = False) -> Plan:
     """Scan the input and cut it into `shards` ranges of about equal estimated cost (each row's
     tokens plus the task's `overhead`, what its batches pay: `Task.plan_overhead`, plus
     `image_cost` tokens per image: `Task.plan_image_cost`); an unusable input is refused, one
     without rows gives empty shards. Parts that the shards could not read by range are staged into
-    `staged_dir` (`input.stage`; None: none is)."""
+    `staged_dir` (`input.stage`; None: none is). Images named by path are refused `in_bucket`."""
     scan = scan_parts(inp)
     check_rows(inp, scan)
+    named = scan.image_names()
+    if in_bucket:
+        refuse_in_bucket(inp.image_columns[0] if inp.image_columns else "", named)
     row_costs = estimated_tokens(scan.chars(), max_length) + overhead
     images = scan.images()
     if images is not None:
@@ -168,7 +171,6 @@ def make_plan(inp: InputSettings, shards: int, max_length: int, staged_dir: str 
         scan = dataclasses.replace(scan, parts=staged_parts(inp, scan.parts, pieces, staged_dir))
         pieces = scan.pieces(list(ranges))  # the same pieces, of the parts with their copies
     options = {format_named(inp.format).options_section: inp.options} if inp.options else {}
-    named = scan.image_names()
     return Plan(plan_id=plan_id, input_path=inp.path, parts=scan.parts, rows=scan.rows, ranges=ranges, costs=costs,
                 pieces=pieces, fields=scan.fields, options=options,
                 images=shard_images(named, ranges, input_folder(inp.path)) if named else None)
@@ -323,9 +325,8 @@ def run_plan(inp: InputSettings, shards: int, max_length: int, plan_path: str, s
     rows to its cut (`cut_paths`: shardinfer.input.shard_cuts) instead of staging any part, and refuses
     images named by path (`image_files.refuse_in_bucket`)."""
     read = dataclasses.replace(inp, parts=tuple(local_parts)) if local_parts else inp
-    plan = make_plan(read, shards, max_length, staged_dir, overhead, image_cost)
+    plan = make_plan(read, shards, max_length, staged_dir, overhead, image_cost, in_bucket=cut_paths is not None)
     if cut_paths is not None:
-        refuse_in_bucket(inp.image_columns[0] if inp.image_columns else "", plan.images)
         plan = plan.write_cuts(read, cut_paths)
         log.info("cut the shards' rows into %d files, %d bytes in all (the input: %d bytes)", plan.shards,
                  sum(cut.size for cut in plan.cuts), sum(part.size for part in plan.parts))

@@ -141,14 +141,13 @@ def image_changed(folder: Path, name: str, read: dict) -> str | None:
     return f"has other content (size {read['size']} -> {stat.st_size}, sha256 {read['sha256'][:12]} -> {digest[:12]})"
 
 
-def refuse_in_bucket(column: str, images: tuple[dict, ...] | None) -> None:
-    """Without a shared filesystem, a plan naming image files by path (`images`: `shard_images`) is
+def refuse_in_bucket(column: str, named: list[tuple[int, str]]) -> None:
+    """Without a shared filesystem, an image column naming files by path (`named`: (row, name)) is
     refused in one line: the shard jobs could neither read them from the bucket nor prove them.
-    Raised by the plan job, not as the Snakefile loads: only a job reads the column's type and values
-    there (bytes stay allowed), and it comes before any shard job."""
-    first = next((shard["paths"][0] for shard in images or () if shard["paths"]), None)
-    if first is not None:
-        raise UserError(f"input.image_column `{column}` names image files by path (`{first}`, ...), which jobs "
+    Raised by the plan job, before it looks at any file, not as the Snakefile loads: only a job reads
+    the column's type and values there (bytes stay allowed), and it comes before any shard job."""
+    if named:
+        raise UserError(f"input.image_column `{column}` names image files by path (`{named[0][1]}`, ...), which jobs "
                         "without a shared filesystem can neither read from the bucket nor prove unchanged; with "
                         "the input in a bucket hold the images' bytes in the column (binary, or {bytes, path} "
                         "structs with their bytes), or run on a shared filesystem")

@@ -43,7 +43,13 @@ from shardinfer.schema import defaults
 from shardinfer.tasks.base import TaskInputs, Window, tokenize_ahead_refused
 from shardinfer.tasks.generate_checks import check_generate_section, check_positions, names_a_generator, not_a_generator
 from shardinfer.tasks.generate_columns import COLUMNS, Columns, output_fields
-from shardinfer.tasks.generate_params import PromptRows, RowParams, batch_limits, lines_carry_parameters
+from shardinfer.tasks.generate_params import (
+    PromptRows,
+    RowParams,
+    batch_limits,
+    config_vocab_size,
+    lines_carry_parameters,
+)
 from shardinfer.tasks.generate_prompts import (
     Conversations,
     prompt_problem,
@@ -75,15 +81,11 @@ def eos_token_ids(tokenizer, configured) -> list[int]:
 
 
 def vocab_size_of(model: ModelSettings, loaded=None) -> int | None:
-    """The token ids the model can embed: its (text) config's vocab_size, read from the loaded model
-    or, for vLLM's engine, from its folder. A tokenizer may know more (added tokens)."""
-    if loaded is not None:
-        config = loaded.model.config
-    else:
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
-    size = getattr(config.get_text_config(), "vocab_size", None)
+    """The token ids the model can embed: its (text) config's vocab_size, from the loaded model or,
+    for vLLM's engine, from its folder (`config_vocab_size`). A tokenizer may know more (added tokens)."""
+    if loaded is None:
+        return config_vocab_size(model.path)
+    size = getattr(loaded.model.config.get_text_config(), "vocab_size", None)
     return int(size) if isinstance(size, int) else None
 
 
