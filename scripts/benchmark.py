@@ -51,6 +51,10 @@ On a 2-core machine it checks that parallel 2 runs and gives the same rows, not 
 `--task generate --variants` instead times what the generation features cost (n=4, logprobs, a JSON
 schema against sampling alone), `--repeats` rounds, on each engine's shard job and on bare vLLM with the
 same SamplingParams (scripts/generate_variants.py).
+
+Where the vLLM shard job meets bare vLLM, each round's ratio and their median are printed beside the
+fastest runs (scripts/paired.py: on a shared or virtual machine one run swings more than the gaps),
+and vLLM's scheduler counts of each (scripts/engine_counts.py: equal counts, the same engine work).
 """
 
 from __future__ import annotations
