@@ -80,7 +80,7 @@ import pandas as pd
 import torch
 
 import engine_counts
-from generate_variants import bench_variants, compile_seconds, sampling_params
+from generate_variants import bench_variants, compile_seconds, generating, sampling_params
 from make_demo_data import demo_rows
 from shardinfer.batching import length_sorted_batches
 from shardinfer.config import BatchSettings, InputSettings, ModelSettings, Settings
@@ -420,7 +420,8 @@ def child(mode: str, settings: Settings, work: Path, device: str, label: str = "
 
         stats = json.loads(pq.ParquetFile(out).metadata.metadata[STATS_KEY])
         engine = json.loads(Path(f"{out}.engine.json").read_text())  # vLLM's scheduler counts (none: transformers)
-        return {"wall": wall, "stats": stats, "frame": pd.read_parquet(out), "engine": engine["steps"] and engine}
+        return {"wall": wall, "stats": stats, "frame": pd.read_parquet(out),
+                "engine": engine if engine["steps"] else None}
     return {"wall": wall, **json.loads(out.read_text())}
 
 
@@ -559,7 +560,6 @@ def print_engines(ours_runs: list[dict], vllm_runs: list[dict], bare_runs: list[
     """Each engine's fixed cost and generation rate (each from its fastest repeat), the vLLM
     shard job against bare LLM.generate, the prompt count above which vLLM wins end to end, and
     greedy agreement between the engines."""
-    generating = lambda run: run["stats"]["stages"]["device"]  # noqa: E731
     ours_run, vllm = min(ours_runs, key=generating), min(vllm_runs, key=generating)
     bare = min(bare_runs, key=lambda run: run["generate_s"])
     shard, plain = engine_runs(vllm_runs[-1], bare_runs[-1], seconds, tokenizer, ours.prompts)
@@ -617,8 +617,8 @@ def bench_parallel(args: argparse.Namespace, work: Path) -> None:
           f"{'end to end s':>14}{'rows/s':>9}")
     for size, runs in runs_of.items():
         start = min(run["stats"]["engine_start_s"] for run in runs)
-        generating = min(run["stats"]["stages"]["device"] for run in runs)
-        print(f"{size:>22}{start:>16.1f}{generating:>14.1f}{rows / generating:>19.1f}{min(seconds[size]):>14.1f}"
+        fastest = min(generating(run) for run in runs)
+        print(f"{size:>22}{start:>16.1f}{fastest:>14.1f}{rows / fastest:>19.1f}{min(seconds[size]):>14.1f}"
               f"{rows / min(seconds[size]):>9.1f}")
     same = sum(a == b for a, b in zip(frames[1]["generated"], frames[2]["generated"]))
     print(f"tensor parallel 2: {same} of {rows} rows identical to parallel size 1 "

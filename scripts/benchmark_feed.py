@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 import engine_counts
+from generate_variants import generating
 from paired import median_ratio
 from shardinfer.config import RowErrorSettings
 from shardinfer.plan import run_plan
@@ -139,10 +140,6 @@ def in_process(settings, repeats: int) -> None:
               f"{median_ratio(seconds['bare'], each)}   "
               f"runs {'/'.join(f'{t:.1f}' for t in each)}   same tokens as bare: {tokens[name] == tokens['bare']}")
         print(f"  {'':22} engine work: {engine_counts.line(work[name])}")
-
-
-def generating(run: dict) -> float:
-    return run["stats"]["stages"]["device"] if "stats" in run else run["generate_s"]
 
 
 def report(runs: dict, settings, bad_rows: list[int], rows: int) -> None:

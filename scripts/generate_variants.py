@@ -106,6 +106,7 @@ def settings_rows(settings) -> int:
 
 
 def generating(run: dict) -> float:
+    """A `benchmark.child` run's generating seconds: a shard job's device stage, bare vLLM's `generate`."""
     return run["stats"]["stages"]["device"] if "stats" in run else run["generate_s"]
 
 
