@@ -82,13 +82,13 @@ import torch
 import engine_counts
 from generate_variants import bench_variants, compile_seconds, generating, sampling_params
 from make_demo_data import demo_rows
-from shardinfer.batching import length_sorted_batches
-from shardinfer.config import BatchSettings, InputSettings, ModelSettings, Settings
-from shardinfer.configure import resolve_model_path
-from shardinfer.plan import run_plan
+from shardinfer.hf.batching import length_sorted_batches
+from shardinfer.plan.plan_file import run_plan
+from shardinfer.settings.config import BatchSettings, InputSettings, ModelSettings, Settings
 from shardinfer.shard.job import first_window, run_shard
 from shardinfer.shard.runtime import ShardJob
 from shardinfer.shard.tokenize_job import TokenizeJob, run_tokenize
+from shardinfer.snakefile.configure import resolve_model_path
 from shardinfer.tasks.vllm.checks import vllm_installed
 from shardinfer.tasks.vllm.engine import engine_environment
 

@@ -75,9 +75,9 @@ def run_batch_flags(config: dict, device: str) -> list[str]:
     import yaml
     from snakemake.utils import validate
 
-    from shardinfer.configure import settings_by_input
     from shardinfer.hf.models import choose_dtype
-    from shardinfer.schema import SCHEMA_PATH
+    from shardinfer.settings.schema import SCHEMA_PATH
+    from shardinfer.snakefile.configure import settings_by_input
     from shardinfer.tasks.base import LoadContext
     from shardinfer.tasks.vllm.engine import engine_arguments
 

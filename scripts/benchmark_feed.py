@@ -34,8 +34,8 @@ import pandas as pd
 import engine_counts
 from generate_variants import generating
 from paired import median_ratio
-from shardinfer.config import RowErrorSettings
-from shardinfer.plan import run_plan
+from shardinfer.plan.plan_file import run_plan
+from shardinfer.settings.config import RowErrorSettings
 
 BAD_WORD = "unembeddable"  # added to the tokenizer, not to the model's embedding
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from shardinfer.input.formats import all_formats
 from shardinfer.input.formats.base import COMPRESSED_SUFFIXES, Format
-from shardinfer.schema import schema
+from shardinfer.settings.schema import schema
 from shardinfer.tasks import TASKS, output_columns, task_class
 
 REPO = Path(__file__).resolve().parents[1]

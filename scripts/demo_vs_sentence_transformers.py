@@ -41,7 +41,7 @@ import pandas as pd
 import yaml
 
 from make_demo_data import demo_rows
-from shardinfer.configure import resolve_model_path
+from shardinfer.snakefile.configure import resolve_model_path
 
 REPO = Path(__file__).resolve().parents[1]
 

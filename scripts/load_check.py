@@ -264,8 +264,8 @@ def write_formats(folder: Path, gigabytes: float) -> dict[str, Path]:
 
 def settings_of(path: Path):
     """The input settings of one written file or folder, its format and parts resolved."""
-    from shardinfer.config import InputSettings
     from shardinfer.input.discovery import resolve_input
+    from shardinfer.settings.config import InputSettings
 
     fmt, parts = resolve_input(str(path))
     return InputSettings(path=str(path), format=fmt, parts=parts, text_column="text", keep_columns=("id",),
@@ -299,7 +299,7 @@ def read_like_the_shards(path: Path, shards: int) -> dict:
     import dataclasses
     import shutil
 
-    from shardinfer.plan import make_plan
+    from shardinfer.plan.plan_file import make_plan
 
     settings = settings_of(path)
     figures = {"size": size_of(path)}
@@ -360,7 +360,7 @@ def report_downloads(paths: dict[str, Path], shards: int) -> None:
     (`shardinfer.input.shard_cuts`), which the plan job writes as the plan rule does there."""
     import shutil
 
-    from shardinfer.plan import make_plan, write_plan
+    from shardinfer.plan.plan_file import make_plan, write_plan
 
     print(f"bytes downloaded per shard job without a shared filesystem ({shards} shards: plan.json + its cut; "
           "x = all shard jobs together, times the input's size):")
@@ -383,14 +383,14 @@ def report_downloads(paths: dict[str, Path], shards: int) -> None:
 
 
 def report_model_downloads(shards: int) -> None:
-    """Beside its rows, each shard job downloads the model's copies once (`shardinfer.stored_model`):
+    """Beside its rows, each shard job downloads the model's copies once (`shardinfer.snakefile.stored_model`):
     the demo's model's files, as rule stage_model stages them; a tokenize job the tokenizer's alone."""
     import yaml
 
-    from shardinfer.configure import resolve_model_path
-    from shardinfer.errors import UserError
+    from shardinfer.core.errors import UserError
     from shardinfer.hf.tokenizer_files import is_tokenizer_side
-    from shardinfer.settings_digest import directory_fingerprint
+    from shardinfer.snakefile.configure import resolve_model_path
+    from shardinfer.snakefile.settings_digest import directory_fingerprint
 
     configured = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["model"]["path"]
     try:

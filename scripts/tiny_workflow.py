@@ -127,8 +127,8 @@ def bytes_read() -> int:
 
 
 def input_settings(path: Path, **overrides):
-    from shardinfer.config import InputSettings
     from shardinfer.input.discovery import detect_format
+    from shardinfer.settings.config import InputSettings
 
     values = {"path": str(path), "format": detect_format(str(path)), "text_column": "text", "keep_columns": ("id",),
               "null_text": "error"}

@@ -155,7 +155,7 @@ def flip_a_data_page_byte(path: Path | str, column: str) -> None:
 
 def settings_for(model, inp=None, batch=None, shards: int = 1, **extra):
     """Settings around a ModelSettings, for loading a task directly (the input is never read)."""
-    from shardinfer.config import BatchSettings, InputSettings, Settings
+    from shardinfer.settings.config import BatchSettings, InputSettings, Settings
 
     inp = inp or InputSettings(path="unused.parquet", format="parquet", text_column="text", keep_columns=(),
                                null_text="error")

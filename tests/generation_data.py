@@ -81,7 +81,7 @@ def run_window(task, table: pa.Table, first: int = 0, params=None, max_rows: int
 
     import torch
 
-    from shardinfer.config import BatchSettings
+    from shardinfer.settings.config import BatchSettings
     from shardinfer.shard.device_loop import predict_window, prepare_batches
 
     with torch.inference_mode():
@@ -100,8 +100,8 @@ def settings_of(workdir: Path):
     import yaml
     from snakemake.utils import validate
 
-    from shardinfer.configure import settings_by_input
-    from shardinfer.schema import SCHEMA_PATH
+    from shardinfer.settings.schema import SCHEMA_PATH
+    from shardinfer.snakefile.configure import settings_by_input
 
     config = yaml.safe_load((workdir / "config" / "config.yaml").read_text())
     validate(config, str(SCHEMA_PATH))

@@ -15,9 +15,9 @@ import pytest
 
 import patience
 from factory import python_env
-from shardinfer.atomic import HOST, atomic_parquet_writer, attempt_path, remove_dead_attempts
 from shardinfer.contract.row_files import staging_folder
-from shardinfer.errors import UserError
+from shardinfer.core.atomic import HOST, atomic_parquet_writer, attempt_path, remove_dead_attempts
+from shardinfer.core.errors import UserError
 from shardinfer.proof.prove import refuse_stray_files
 from shardinfer.proof.shards import ShardFile
 from shardinfer.shard.row_files import staged_files
@@ -26,7 +26,7 @@ SCHEMA = pa.schema([("index", pa.int64())])
 KILLER = """
 import os, signal
 import pyarrow as pa
-from shardinfer import atomic
+from shardinfer.core import atomic
 point = {point!r}
 die = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
 if point == "rename":
@@ -137,7 +137,7 @@ def test_a_full_disk_is_one_line_naming_the_file_leaves_nothing_and_keeps_the_ol
 SECOND_WRITER = """
 import sys
 import pyarrow as pa
-from shardinfer.atomic import atomic_parquet_writer
+from shardinfer.core.atomic import atomic_parquet_writer
 with atomic_parquet_writer({path!r}, pa.schema([("index", pa.int64())])) as writer:
     writer.write_table(pa.table({{"index": [2, 2]}}))
     print("written", flush=True)

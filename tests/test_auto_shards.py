@@ -13,7 +13,8 @@ import pytest
 
 import patience
 from factory import input_frame, prepare_workdir, workflow_config, write_input
-from shardinfer.auto_shards import (
+from shardinfer.core.errors import UserError
+from shardinfer.snakefile.auto_shards import (
     CPU_SHARDS,
     MOST,
     RESOLVED_VAR,
@@ -25,7 +26,6 @@ from shardinfer.auto_shards import (
     resource_value,
     uses_auto,
 )
-from shardinfer.errors import UserError
 
 
 def machine(**given) -> Machine:

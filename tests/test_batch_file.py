@@ -34,7 +34,7 @@ from conftest import made_once
 from factory import WORDS, read_predictions, run_workflows
 from generation_data import SCHEMA, settings_of
 from shardinfer.contract.shard_file import IDENTITY_KEY
-from shardinfer.errors import ProofError, UserError
+from shardinfer.core.errors import ProofError, UserError
 from shardinfer.input.scan import scan_input
 from shardinfer.tasks import engine_class
 from test_vllm import vllm_missing
@@ -336,7 +336,7 @@ def test_settings_that_the_lines_give_are_refused_in_one_line(batch_settings):
 
 
 def test_a_batch_file_is_refused_for_a_task_other_than_generate(batch_settings):
-    from shardinfer.configure import task_inputs
+    from shardinfer.snakefile.configure import task_inputs
 
     with pytest.raises(UserError, match=r"^input.format openai_batch is read by task generate; model.task is embed$"):
         task_inputs("embed", {"format": "openai_batch", "path": batch_settings.input.path}, {})

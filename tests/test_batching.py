@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from shardinfer.batching import batch_budget, length_sorted_batches, pad_batch, padding_ratio
+from shardinfer.hf.batching import batch_budget, length_sorted_batches, pad_batch, padding_ratio
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -8,12 +8,12 @@ import shutil
 import pytest
 
 from factory import REPO, input_frame, run_workflow, workflow_config, write_input
-from shardinfer.checks import check_settings, schema_errors
-from shardinfer.configure import resolve_model_path, settings_from_config
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.input.discovery import detect_format
-from shardinfer.schema import SCHEMA_PATH, defaults, schema
-from shardinfer.settings_digest import output_digest
+from shardinfer.settings.schema import SCHEMA_PATH, defaults, schema
+from shardinfer.snakefile.checks import check_settings, schema_errors
+from shardinfer.snakefile.configure import resolve_model_path, settings_from_config
+from shardinfer.snakefile.settings_digest import output_digest
 from shardinfer.tasks import TASKS
 
 # A config as the Snakefile's `validate` fills it, `input` included: read from the schema (the
@@ -22,7 +22,7 @@ DEFAULTS = {**defaults(), "input": defaults("input")}
 
 
 def test_defaults_are_what_snakemakes_validate_fills():
-    """`shardinfer.schema.defaults`, which code building settings by hand reads, fills a config as
+    """`shardinfer.settings.schema.defaults`, which code building settings by hand reads, fills a config as
     the Snakefile's `validate` does: every section, and each named input as `input`."""
     from snakemake.utils import validate
 
@@ -194,7 +194,7 @@ def test_tokenizer_key_follows_the_tokenizer_not_the_weights(tmp_path, models):
     import dataclasses
     import shutil
 
-    from shardinfer.settings_digest import tokenizer_digest
+    from shardinfer.snakefile.settings_digest import tokenizer_digest
 
     base = settings(tmp_path, models)
     other = tmp_path / "other-model"

@@ -11,13 +11,13 @@ import pytest
 
 import config_docs as DOCS
 from factory import REPO
-from shardinfer.checks import check_storage_inputs
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.input import formats
 from shardinfer.input.discovery import detect_format
 from shardinfer.input.formats import all_formats
 from shardinfer.input.formats.parquet import Parquet
-from shardinfer.schema import schema
+from shardinfer.settings.schema import schema
+from shardinfer.snakefile.checks import check_storage_inputs
 from shardinfer.tasks import TASKS, may_write_files
 
 

@@ -23,16 +23,16 @@ import pytest
 import yaml
 
 from factory import REPO, python_env, read_predictions, run_workflows_ok
-from shardinfer.config import Settings
-from shardinfer.configure import settings_from_config
 from shardinfer.contract.shard_file import IDENTITY_KEY
-from shardinfer.errors import ProofError, UserError
-from shardinfer.plan import remove_stale_shards, run_plan
+from shardinfer.core.errors import ProofError, UserError
+from shardinfer.plan.plan_file import remove_stale_shards, run_plan
 from shardinfer.proof.gather import run_gather
-from shardinfer.settings_digest import output_digest
+from shardinfer.settings.config import Settings
 from shardinfer.shard.job import run_shard
 from shardinfer.shard.resume import resume_row, windows_folder
 from shardinfer.shard.runtime import ShardJob
+from shardinfer.snakefile.configure import settings_from_config
+from shardinfer.snakefile.settings_digest import output_digest
 
 EXAMPLE = REPO / "examples" / "image-transfer"
 ROWS = 13

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.shard.device_loop import CopyBack, predict_splitting
 from shardinfer.tasks.base import Window
 from shardinfer.tasks.custom import Custom
@@ -151,8 +151,8 @@ def test_a_custom_row_that_never_fits_does_not_name_max_length():
 def test_a_file_below_a_custom_model_folder_enters_the_shard_digest(tmp_path):
     """A custom task's model.path is any folder of the user's: a weight file in a sub-folder reruns
     the shards when it changes; a Hugging Face task's flat folder is read one level deep."""
-    from shardinfer.config import BatchSettings, InputSettings, ModelSettings, Settings
-    from shardinfer.settings_digest import output_digest
+    from shardinfer.settings.config import BatchSettings, InputSettings, ModelSettings, Settings
+    from shardinfer.snakefile.settings_digest import output_digest
 
     (tmp_path / "weights" / "stage2").mkdir(parents=True)
     weight = tmp_path / "weights" / "stage2" / "w.bin"

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from shardinfer.configure import settings_by_input
-from shardinfer.rule_params import InputJobs, shared_tokenizer_key
-from shardinfer.schema import SCHEMA_PATH
-from shardinfer.settings_digest import output_digest, tokenizer_digest
+from shardinfer.settings.schema import SCHEMA_PATH
+from shardinfer.snakefile.configure import settings_by_input
+from shardinfer.snakefile.rule_params import InputJobs, shared_tokenizer_key
+from shardinfer.snakefile.settings_digest import output_digest, tokenizer_digest
 
 MTIME_NS = 1_700_000_000_123_456_789
 # The versions the digests name (None: not installed), as on the machine that pinned them.

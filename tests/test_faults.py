@@ -125,7 +125,7 @@ def test_kill_the_whole_snakemake_process_group_then_rerun(undisturbed, tmp_path
     if "--unlock" in shown:  # a killed snakemake leaves its lock; Snakemake says how to lift it
         assert run_workflow(tmp_path, config, "--unlock").returncode == 0
         result = run_workflow(tmp_path, config)
-    # no --rerun-incomplete: what the killed run left marked incomplete is settled (shardinfer.incomplete)
+    # no --rerun-incomplete: what the killed run left marked incomplete is settled (shardinfer.snakefile.incomplete)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert_same_rows(read_predictions(tmp_path), expected, float_columns={"probs"})
 

@@ -23,14 +23,14 @@ import pyarrow as pa
 import pytest
 
 from factory import bytes_read, input_frame
-from shardinfer.config import InputSettings
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.input import formats, staging
 from shardinfer.input.discovery import resolve_input
 from shardinfer.input.formats import all_formats
 from shardinfer.input.formats.csv import Csv
 from shardinfer.input.parts import iter_pieces
-from shardinfer.plan import make_plan
+from shardinfer.plan.plan_file import make_plan
+from shardinfer.settings.config import InputSettings
 
 ROWS, BLOCK_ROWS, SHARDS = 30_000, 2_000, 6
 TYPES = pa.schema([("id", pa.string()), ("gold", pa.int64()), ("text", pa.string())])

@@ -17,15 +17,15 @@ import pyarrow.feather as feather
 import pytest
 
 from factory import input_frame, write_input
-from shardinfer.config import InputSettings
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.input.discovery import resolve_input
 from shardinfer.input.formats import all_formats, format_named, format_of, options_in, text_blocks
 from shardinfer.input.parts import iter_pieces
 from shardinfer.input.scan import count_rows
 from shardinfer.input.shard_bound import check_shard_count
 from shardinfer.input.staging import wants_staging
-from shardinfer.plan import make_plan, read_plan, run_plan
+from shardinfer.plan.plan_file import make_plan, read_plan, run_plan
+from shardinfer.settings.config import InputSettings
 
 ROWS = 500
 
@@ -275,8 +275,8 @@ def configured(section: dict) -> InputSettings:
     """The input settings of a config whose `input` is `section`, validated and built as the Snakefile does."""
     from snakemake.utils import validate
 
-    from shardinfer.configure import settings_by_input
-    from shardinfer.schema import SCHEMA_PATH
+    from shardinfer.settings.schema import SCHEMA_PATH
+    from shardinfer.snakefile.configure import settings_by_input
 
     config = {"input": section, "model": {}, "shards": 1}
     validate(config, str(SCHEMA_PATH))

@@ -11,12 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from factory import flip_a_data_page_byte, input_frame, input_settings, write_input
-from shardinfer.config import BatchSettings, ModelSettings, Settings
 from shardinfer.contract.content_digest import CONTENT_KEY
 from shardinfer.contract.shard_file import IDENTITY_KEY
-from shardinfer.errors import ProofError, UserError
-from shardinfer.plan import read_plan, run_plan
+from shardinfer.core.errors import ProofError, UserError
+from shardinfer.plan.plan_file import read_plan, run_plan
 from shardinfer.proof.gather import run_gather
+from shardinfer.settings.config import BatchSettings, ModelSettings, Settings
 from shardinfer.shard.job import run_shard
 from shardinfer.shard.runtime import ShardJob
 

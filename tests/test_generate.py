@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from factory import WORDS, bert_config, save_tokenizer, settings_for
-from shardinfer.config import BatchSettings, ModelSettings, Settings
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
+from shardinfer.settings.config import BatchSettings, ModelSettings, Settings
 from shardinfer.shard.device_loop import predict_window, prepare_batches
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.generate import Generate

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import made_once
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from tiny_models import build_tiny_bytes_lm
 
 MAX_LENGTH = 48
@@ -22,9 +22,9 @@ def checked(tmp_path, lm, section: dict, **config):
     """A config through the Snakefile's checks: schema defaults, settings, the checks of each input."""
     from snakemake.utils import validate
 
-    from shardinfer.checks import check_inputs
-    from shardinfer.configure import settings_by_input
-    from shardinfer.schema import SCHEMA_PATH
+    from shardinfer.settings.schema import SCHEMA_PATH
+    from shardinfer.snakefile.checks import check_inputs
+    from shardinfer.snakefile.configure import settings_by_input
 
     data = tmp_path / "chats.jsonl"
     data.write_text(json.dumps({"id": "a", "text": "hi", "messages": [{"role": "user", "content": "hi"}]}) + "\n")
@@ -59,7 +59,7 @@ def test_a_messages_column_is_for_task_generate(tmp_path, lm):
 
 
 def test_the_plan_refuses_a_column_without_conversations(tmp_path, lm):
-    from shardinfer.plan import make_plan
+    from shardinfer.plan.plan_file import make_plan
 
     inp = checked(tmp_path, lm, {}).input
     with pytest.raises(UserError, match=r"^input.messages_column `text` holds string in .*, not conversations"):

@@ -16,8 +16,8 @@ import torch
 from conftest import made_once
 from factory import WORDS, settings_for
 from generation_data import CHOICES, SCHEMA, conversations, run_window
-from shardinfer.config import BatchSettings, InputSettings, ModelSettings
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
+from shardinfer.settings.config import BatchSettings, InputSettings, ModelSettings
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.generate import Generate
 from shardinfer.tasks.generate_params import RowParams
@@ -243,7 +243,7 @@ def test_a_malformed_conversation_is_refused_naming_the_row(task, conversation, 
 
 
 def test_a_malformed_conversation_is_a_row_error_with_record(lm):
-    from shardinfer.config import RowErrorSettings
+    from shardinfer.settings.config import RowErrorSettings
     from shardinfer.shard.device_loop import RowErrors, predict_window, prepare_batches
 
     recording = dataclasses.replace(settings(lm, "messages"), row_errors=RowErrorSettings("record", 0.5))

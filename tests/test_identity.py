@@ -12,11 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from factory import flip_a_data_page_byte, input_frame, input_settings, write_input
-from shardinfer.atomic import atomic_parquet_writer
 from shardinfer.contract.content_digest import ContentHasher, table_digest
 from shardinfer.contract.file_digest import file_digest
+from shardinfer.core.atomic import atomic_parquet_writer
 from shardinfer.input.identity import gather_trigger, plan_trigger
-from shardinfer.plan import make_plan, read_plan, run_plan
+from shardinfer.plan.plan_file import make_plan, read_plan, run_plan
 
 
 def shard_like(rows: int = 200) -> pa.Table:

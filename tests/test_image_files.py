@@ -12,8 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from shardinfer.config import InputSettings
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.input.image_files import (
     PLANNED,
     gather_image_trigger,
@@ -22,7 +21,8 @@ from shardinfer.input.image_files import (
     read_image_file,
 )
 from shardinfer.input.images import column_images
-from shardinfer.plan import make_plan, read_plan, run_plan, write_plan
+from shardinfer.plan.plan_file import make_plan, read_plan, run_plan, write_plan
+from shardinfer.settings.config import InputSettings
 from shardinfer.tasks.generate_images import image_limit, image_token_estimate
 from tiny_vlm import image_bytes
 

@@ -16,9 +16,9 @@ import torch
 
 from conftest import made_once
 from factory import settings_for
-from shardinfer.config import BatchSettings, InputSettings, ModelSettings
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.input.images import decoded, image_kind_problem, input_folder, row_images
+from shardinfer.settings.config import BatchSettings, InputSettings, ModelSettings
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.generate import Generate
 from shardinfer.tasks.generate_images import processor_batch
@@ -177,8 +177,8 @@ def test_image_values_paths_and_types(tmp_path):
 
 
 def test_what_images_need_is_refused_before_any_job(vlm, tmp_path):
-    from shardinfer.configure import task_inputs
     from shardinfer.input.scan import scan_input
+    from shardinfer.snakefile.configure import task_inputs
     from shardinfer.tasks.generate_images import check_image_settings
 
     inp = {"text_column": "text", "image_column": "image", "messages_column": None}
@@ -202,7 +202,7 @@ def test_what_images_need_is_refused_before_any_job(vlm, tmp_path):
 def test_the_digest_takes_the_image_column_only_when_set(vlm):
     import dataclasses
 
-    from shardinfer.settings_digest import output_digest
+    from shardinfer.snakefile.settings_digest import output_digest
 
     with_images = settings(vlm)
     without = dataclasses.replace(with_images, input=dataclasses.replace(

@@ -16,10 +16,10 @@ import torch
 
 import reference
 from factory import input_frame, input_settings, write_input
-from shardinfer.config import BatchSettings, ModelSettings, Settings
 from shardinfer.contract.shard_file import STATS_KEY
-from shardinfer.errors import UserError
-from shardinfer.plan import read_plan, run_plan
+from shardinfer.core.errors import UserError
+from shardinfer.plan.plan_file import read_plan, run_plan
+from shardinfer.settings.config import BatchSettings, ModelSettings, Settings
 from shardinfer.shard.device_loop import predict_window, prepare_batches
 from shardinfer.shard.job import run_shard
 from shardinfer.shard.pipeline import Pipeline

@@ -19,11 +19,11 @@ import pytest
 import patience
 import reference
 from factory import gzipped, input_frame, prepare_workdir, run_workflow, workflow_config, write_input
-from shardinfer.checks import check_input_keys, check_inputs, schema_errors
-from shardinfer.configure import settings_by_input
-from shardinfer.errors import UserError
-from shardinfer.rule_params import shared_tokenizer_key
-from shardinfer.terminal import summary_lines
+from shardinfer.core.errors import UserError
+from shardinfer.report.terminal import summary_lines
+from shardinfer.snakefile.checks import check_input_keys, check_inputs, schema_errors
+from shardinfer.snakefile.configure import settings_by_input
+from shardinfer.snakefile.rule_params import shared_tokenizer_key
 from test_config import DEFAULTS
 
 SCHEMA = "workflow/schemas/config.schema.yaml"

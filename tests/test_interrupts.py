@@ -1,8 +1,8 @@
 """Interrupts: Ctrl-C in the terminal (SIGINT to Snakemake's process group, every job included) and
 SIGINT to Snakemake alone, which then waits for its running jobs and exits without marking their
 outputs complete. Either way each job says one line, and the same command again resumes: finished
-shards kept, a stopped shard going on from its committed windows (`shardinfer.incomplete`,
-`shardinfer.jobs`, `shardinfer.shard.stop`)."""
+shards kept, a stopped shard going on from its committed windows (`shardinfer.snakefile.incomplete`,
+`shardinfer.core.jobs`, `shardinfer.shard.stop`)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import pytest
 
 import patience
 from factory import prepare_workdir, python_env, read_predictions
-from shardinfer.incomplete import marks, settle, unmark
-from shardinfer.layout import Layout
+from shardinfer.snakefile.incomplete import marks, settle, unmark
+from shardinfer.snakefile.layout import Layout
 
 ROWS = 48  # shard 0: rows [0, 24); shard 1: [24, 48), windows [24, 25), [25, 41), [41, 48) (sort_window 16)
 STOP_AT = 44  # the hook blocks on the batch holding this row: shard 1 has committed the windows up to row 41
@@ -211,7 +211,7 @@ def test_what_an_interrupted_run_left_unproven_is_removed_to_run_again_and_nothi
 
 STARTING = """
 import time
-from shardinfer.jobs import quiet_interrupt, run_job
+from shardinfer.core.jobs import quiet_interrupt, run_job
 quiet_interrupt("plan")
 print("importing", flush=True)
 if {running!r}:

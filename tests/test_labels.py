@@ -7,10 +7,10 @@ import torch
 
 import reference
 from factory import LABELS, bert_config, input_settings, save_tokenizer, settings_for, texts
-from shardinfer.config import BatchSettings, ModelSettings, Settings
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.hf.labels import label_names
-from shardinfer.settings_digest import output_digest
+from shardinfer.settings.config import BatchSettings, ModelSettings, Settings
+from shardinfer.snakefile.settings_digest import output_digest
 from shardinfer.tasks import task_class
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.classify import Classify

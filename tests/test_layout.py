@@ -10,22 +10,16 @@ import patience
 from factory import REPO
 
 PACKAGE = REPO / "workflow" / "shardinfer"
-# The rooms, bottom to top: a module may import its own room's modules and those of the rooms below.
-# Each is named by its modules and folders (relative to the package); every module is in one room.
-ROOMS = (
-    ("base", ("errors", "schema", "sections", "config", "atomic", "jobs", "devices", "auto_shards")),
-    ("the shard-file contract", ("contract",)),
-    ("input", ("input",)),
-    ("the plan", ("balance", "plan")),
-    ("what tasks need", ("batching", "hf")),
-    ("tasks", ("tasks",)),
-    ("shard jobs", ("shard",)),
-    ("scores", ("metrics",)),
-    ("the proof", ("proof",)),
-    ("the Snakefile's helpers", ("configure", "checks", "settings_digest", "stored_model", "rule_params", "layout",
-                                  "report_items", "incomplete")),
-    ("what a user reads", ("report", "terminal")),
-)
+
+
+def rooms_of(package: Path = PACKAGE) -> tuple[str, ...]:
+    """The rooms, bottom to top, as the package declares them (`shardinfer.ROOMS`): one folder each.
+    Read from the source, so a test of a made-up package can declare its own."""
+    tree = ast.parse((package / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["ROOMS"]:
+            return tuple(ast.literal_eval(node.value))
+    return ()
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:
@@ -53,23 +47,23 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
     return {name: {m for m in imports_of(path, modules) if m in modules and m != name} for name, path in paths.items()}
 
 
-def room_of(module: str) -> int | None:
-    """The room's place in ROOMS (0: the ground); None for a module in no room. The package's own
-    `__init__` imports nothing and stands on the ground."""
+def room_of(module: str, rooms: tuple[str, ...] | None = None) -> int | None:
+    """The room's place among the rooms (0: the ground): the folder the module lies in; None for a
+    module in no room's folder. The package's own `__init__` imports nothing and stands on the ground."""
+    rooms = rooms_of() if rooms is None else rooms
     relative = module.removeprefix("shardinfer").removeprefix(".")
     if not relative:
         return 0
-    for floor, (_, members) in enumerate(ROOMS):
-        if any(relative == member or relative.startswith(f"{member}.") for member in members):
-            return floor
-    return None
+    folder = relative.split(".")[0]
+    return rooms.index(folder) if folder in rooms else None
 
 
-def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+def upward_imports(graph: dict[str, set[str]], rooms: tuple[str, ...] | None = None) -> list[str]:
     """Every import of a room above the importer's, as `a (room) -> b (room)`."""
-    return [f"{module} ({ROOMS[room_of(module)][0]}) -> {target} ({ROOMS[room_of(target)][0]})"
+    rooms = rooms_of() if rooms is None else rooms
+    return [f"{module} ({rooms[room_of(module, rooms)]}) -> {target} ({rooms[room_of(target, rooms)]})"
             for module, targets in sorted(graph.items()) for target in sorted(targets)
-            if room_of(target) > room_of(module)]
+            if room_of(target, rooms) > room_of(module, rooms)]
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -97,6 +91,17 @@ def test_every_module_is_in_a_room():
     assert [module for module in sorted(graph) if room_of(module) is None] == []
 
 
+def test_the_rooms_are_the_packages_folders_each_saying_what_it_holds():
+    """No module lies loose in the package's root, every folder is a declared room, and each room's
+    `__init__` has a docstring (the architecture page lists it)."""
+    folders = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert sorted(rooms_of()) == folders
+    assert [p.name for p in PACKAGE.glob("*.py")] == ["__init__.py"]
+    undescribed = [room for room in rooms_of()
+                   if not ast.get_docstring(ast.parse((PACKAGE / room / "__init__.py").read_text()))]
+    assert undescribed == []
+
+
 def test_no_room_imports_a_room_above_it():
     assert upward_imports(import_graph()) == []
 
@@ -107,20 +112,26 @@ def test_the_import_graph_has_no_cycle():
 
 
 def test_the_check_sees_an_import_up_whether_lazy_or_for_type_checkers_only(tmp_path):
-    """A module of the base importing the report under TYPE_CHECKING, and the plan importing the
+    """A module of the settings importing the report under TYPE_CHECKING, and the plan importing the
     proof inside a function, are both imports up."""
     package = tmp_path / "shardinfer"
-    (package / "proof").mkdir(parents=True)
-    for name in ("__init__", "report", "proof/__init__", "proof/gather"):
-        (package / f"{name}.py").write_text("")
-    (package / "config.py").write_text("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
-                                        "    from shardinfer.report import write_report\n")
-    (package / "plan.py").write_text("def run():\n    from shardinfer.proof import gather\n")
+    rooms = ("settings", "plan", "proof", "report")
+    for room in rooms:
+        (package / room).mkdir(parents=True)
+        (package / room / "__init__.py").write_text("")
+    (package / "__init__.py").write_text(f"ROOMS = {rooms!r}\n")
+    (package / "report" / "items.py").write_text("")
+    (package / "proof" / "gather.py").write_text("")
+    (package / "settings" / "config.py").write_text("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+                                                    "    from shardinfer.report.items import write_report\n")
+    (package / "plan" / "plan_file.py").write_text("def run():\n    from shardinfer.proof import gather\n")
     graph = import_graph(package)
-    assert graph["shardinfer.config"] == {"shardinfer.report"}
-    assert graph["shardinfer.plan"] == {"shardinfer.proof.gather"}
-    assert upward_imports(graph) == ["shardinfer.config (base) -> shardinfer.report (what a user reads)",
-                                     "shardinfer.plan (the plan) -> shardinfer.proof.gather (the proof)"]
+    assert rooms_of(package) == rooms
+    assert graph["shardinfer.settings.config"] == {"shardinfer.report.items"}
+    assert graph["shardinfer.plan.plan_file"] == {"shardinfer.proof.gather"}
+    assert upward_imports(graph, rooms) == [
+        "shardinfer.plan.plan_file (plan) -> shardinfer.proof.gather (proof)",
+        "shardinfer.settings.config (settings) -> shardinfer.report.items (report)"]
 
 
 def test_find_cycle_sees_one():
@@ -129,9 +140,10 @@ def test_find_cycle_sees_one():
 
 
 def test_planning_and_gathering_import_no_torch():
-    code = ("import sys; import shardinfer.checks, shardinfer.configure, shardinfer.layout, shardinfer.plan, "
-            "shardinfer.proof.gather, shardinfer.input.shard_bound, shardinfer.rule_params, shardinfer.report, "
-            "shardinfer.terminal; print(sorted(m for m in ('torch', 'transformers', 'vllm') if m in sys.modules))")
+    modules = ("snakefile.checks", "snakefile.configure", "snakefile.layout", "plan.plan_file", "proof.gather",
+               "input.shard_bound", "snakefile.rule_params", "report.snakemake_report", "report.terminal")
+    code = (f"import sys; import {', '.join(f'shardinfer.{m}' for m in modules)}; "
+            "print(sorted(m for m in ('torch', 'transformers', 'vllm') if m in sys.modules))")
     result = patience.run([sys.executable, "-c", code], cwd=REPO / "workflow")
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr[-3000:]
 

@@ -10,13 +10,13 @@ import time
 import pytest
 
 from factory import python_env
-from shardinfer.devices import LeaseTimeout, acquire_devices
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
+from shardinfer.shard.devices import LeaseTimeout, acquire_devices
 
 HOLDER = """
 import time
 from pathlib import Path
-from shardinfer.devices import acquire_devices
+from shardinfer.shard.devices import acquire_devices
 lease = acquire_devices({count}, env={{}}, lock_dir=Path({lock_dir!r}), count_gpus=lambda: {gpus}, poll_s=0.05)
 print(lease.visible, flush=True)
 time.sleep(3600)  # until the test kills it: a lifetime, not a limit a slow machine could reach
@@ -113,7 +113,7 @@ def test_a_multi_gpu_allocation_is_shared_out_not_piled_on_one_device(tmp_path):
 COMPETITOR = """
 import os, sys, time, random
 from pathlib import Path
-from shardinfer.devices import acquire_devices
+from shardinfer.shard.devices import acquire_devices
 held = Path({held!r})
 for _ in range({rounds}):
     lease = acquire_devices({count}, env={{}}, lock_dir=Path({lock_dir!r}), count_gpus=lambda: {gpus}, poll_s=0.01)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from benchmark_logprobs import dict_sample_logprobs, engine_logprobs
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.tasks.generate_logprobs import SampleLogprobs, TokenTexts, logprobs_array
 from shardinfer.tasks.generate_params import RowParams
 from shardinfer.tasks.vllm.matching import rows_results, sample_logprobs

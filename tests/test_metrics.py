@@ -22,13 +22,13 @@ from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precisio
 
 import patience
 from factory import input_frame, prepare_workdir, run_workflow, write_input
-from shardinfer.checks import check_evaluate, check_inputs
-from shardinfer.configure import settings_by_input
-from shardinfer.errors import UserError
-from shardinfer.metrics import check_gold, normalize_answer, score_predictions
-from shardinfer.report import CONFUSION_SIZE, DPI, write_report
-from shardinfer.rule_params import InputJobs
-from shardinfer.terminal import summary_lines
+from shardinfer.core.errors import UserError
+from shardinfer.report.snakemake_report import CONFUSION_SIZE, DPI, write_report
+from shardinfer.report.terminal import summary_lines
+from shardinfer.scores.metrics import check_gold, normalize_answer, score_predictions
+from shardinfer.snakefile.checks import check_evaluate, check_inputs
+from shardinfer.snakefile.configure import settings_by_input
+from shardinfer.snakefile.rule_params import InputJobs
 from test_config import DEFAULTS, settings
 from test_inputs import full_config
 from test_report import made_up_summary, png_size, report_files, table_rows

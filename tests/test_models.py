@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from factory import LABELS, bert_config, save_lora, settings_for
-from shardinfer.config import ModelSettings
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.hf.models import load_tokenizer
+from shardinfer.settings.config import ModelSettings
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.classify import Classify
 
@@ -107,8 +107,8 @@ def test_decoder_classifier_batched_equals_unbatched(models, tmp_path, padding_s
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForSequenceClassification
 
     from factory import texts
-    from shardinfer.config import BatchSettings
     from shardinfer.hf.models import LoadedModel, settle_pad_token
+    from shardinfer.settings.config import BatchSettings
     from shardinfer.shard.device_loop import predict_window, prepare_batches
 
     tokenizer = AutoTokenizer.from_pretrained(models.classifier)

@@ -13,14 +13,14 @@ import pyarrow.orc as orc
 import pytest
 
 from factory import input_frame
-from shardinfer.config import InputSettings
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.input.discovery import resolve_input
 from shardinfer.input.formats import format_named
 from shardinfer.input.parts import iter_pieces
 from shardinfer.input.scan import count_rows
 from shardinfer.input.shard_bound import check_shard_count
-from shardinfer.plan import make_plan, read_plan, write_plan
+from shardinfer.plan.plan_file import make_plan, read_plan, write_plan
+from shardinfer.settings.config import InputSettings
 
 ORC = format_named("orc")
 

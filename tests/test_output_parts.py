@@ -16,16 +16,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from factory import input_frame, input_settings, write_input
-from shardinfer.config import BatchSettings, ModelSettings, OutputSettings, Settings, parse_size
-from shardinfer.configure import output_settings
 from shardinfer.contract.pieces import PIECE_KEY, first_piece_data, later_pieces, read_record, record_path
-from shardinfer.errors import ProofError, UserError
-from shardinfer.plan import run_plan
+from shardinfer.core.errors import ProofError, UserError
+from shardinfer.plan.plan_file import run_plan
 from shardinfer.proof.gather import run_gather
 from shardinfer.proof.manifest import MANIFEST_NAME, part_names
 from shardinfer.proof.verify import damage, main, verify_folder
+from shardinfer.settings.config import BatchSettings, ModelSettings, OutputSettings, Settings, parse_size
 from shardinfer.shard.job import run_shard
 from shardinfer.shard.runtime import ShardJob
+from shardinfer.snakefile.configure import output_settings
 
 ROWS, SHARDS, DIGEST = 40, 2, "digest-a"
 

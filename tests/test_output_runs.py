@@ -15,8 +15,8 @@ import pytest
 
 from conftest import made_once
 from factory import input_frame, run_workflow, run_workflows_ok, workflow_config, write_input
-from shardinfer.metrics import score_predictions
 from shardinfer.proof.verify import verify_folder
+from shardinfer.scores.metrics import score_predictions
 from test_workflow import assert_same_rows
 
 pytestmark = pytest.mark.e2e  # the run, and its rerun, start snakemake

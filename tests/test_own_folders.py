@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from factory import input_frame, run_workflow, workflow_config, write_input
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.input.discovery import own_outputs_passed_over, resolve_input
 
 

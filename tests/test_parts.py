@@ -18,12 +18,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from factory import flip_a_data_page_byte, input_frame, input_settings, run_workflow, workflow_config, write_input
-from shardinfer.errors import ProofError, UserError
+from shardinfer.core.errors import ProofError, UserError
 from shardinfer.input.discovery import resolve_input
 from shardinfer.input.formats.base import common_type
 from shardinfer.input.identity import gather_trigger, plan_trigger
 from shardinfer.input.parts import iter_pieces
-from shardinfer.plan import make_plan, read_plan, run_plan
+from shardinfer.plan.plan_file import make_plan, read_plan, run_plan
 from shardinfer.proof.prove import prove
 from test_workflow import assert_refused, run_ok
 

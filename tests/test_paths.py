@@ -1,4 +1,4 @@
-"""The run's paths and each rule's run-dependent inputs and outputs (shardinfer.layout), without
+"""The run's paths and each rule's run-dependent inputs and outputs (shardinfer.snakefile.layout), without
 Snakemake: one input or named ones, a shared filesystem or a bucket, a task that writes files per
 row, tokens made ahead, the report items a run's settings add."""
 
@@ -7,10 +7,10 @@ from types import SimpleNamespace
 import pytest
 
 from factory import settings_for
-from shardinfer.checks import written_folders
-from shardinfer.config import EvaluateSettings, ModelSettings
-from shardinfer.layout import FOLDERS, Layout, fill
-from shardinfer.rule_params import InputJobs
+from shardinfer.settings.config import EvaluateSettings, ModelSettings
+from shardinfer.snakefile.checks import written_folders
+from shardinfer.snakefile.layout import FOLDERS, Layout, fill
+from shardinfer.snakefile.rule_params import InputJobs
 
 PREFIX = "s3://bucket/run"
 
@@ -119,7 +119,7 @@ def test_the_folders_checked_are_those_the_rules_write_into_top_first(tmp_path, 
 
 
 def test_the_parts_layout_is_a_folder_whose_manifest_gather_writes_and_a_rerun_withdraws_whole(tmp_path):
-    from shardinfer.jobs import withdraw
+    from shardinfer.core.jobs import withdraw
 
     one, named = Layout(ONE, parts=True), Layout(NAMED, parts=True)
     assert one.table == "results/predictions/" and named.table == "results/{name}/predictions/"

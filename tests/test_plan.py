@@ -9,11 +9,11 @@ import pytest
 
 from factory import bytes_read, input_frame, write_empty_input, write_input
 from factory import input_settings as settings_for
-from shardinfer.balance import balanced_ranges, estimated_tokens
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.input.formats import text_blocks as tables
 from shardinfer.input.parts import iter_pieces
-from shardinfer.plan import PLAN_VERSION, make_plan, read_plan, write_plan
+from shardinfer.plan.balance import balanced_ranges, estimated_tokens
+from shardinfer.plan.plan_file import PLAN_VERSION, make_plan, read_plan, write_plan
 
 
 def costs_of(rows: int, seed: int) -> np.ndarray:

@@ -13,8 +13,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from shardinfer.config import BatchSettings, RowErrorSettings
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
+from shardinfer.settings.config import BatchSettings, RowErrorSettings
 from shardinfer.shard.device_loop import RowErrors, predict_window, prepare_batches
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.generate import Generate

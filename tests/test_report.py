@@ -19,11 +19,11 @@ import yaml
 
 import patience
 from factory import REPO, prepare_workdir
-from shardinfer.errors import UserError
-from shardinfer.plan import Plan
+from shardinfer.core.errors import UserError
+from shardinfer.plan.plan_file import Plan
 from shardinfer.proof.prove import ShardFile
 from shardinfer.proof.summary import run_facts, token_lengths
-from shardinfer.report import (
+from shardinfer.report.snakemake_report import (
     MAX_BARS,
     SHARD_COLUMNS,
     ReportFiles,
@@ -83,7 +83,7 @@ def report_files(folder: Path) -> ReportFiles:
 
 def test_the_report_imports_neither_torch_nor_matplotlib_until_it_draws():
     """Gather and the report run anywhere in a second: torch never, matplotlib only to draw."""
-    check = ("import sys; import shardinfer.proof.gather, shardinfer.report; "
+    check = ("import sys; import shardinfer.proof.gather, shardinfer.report.snakemake_report; "
              "sys.exit(' '.join(sorted({'torch', 'matplotlib'} & set(sys.modules))) or None)")
     result = subprocess.run([sys.executable, "-c", check], cwd=REPO / "workflow", capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

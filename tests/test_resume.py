@@ -30,18 +30,18 @@ import pytest
 import patience
 import plugins
 from factory import REPO, input_frame, input_settings, python_env, write_input
-from shardinfer.config import BatchSettings, ModelSettings, Settings
-from shardinfer.configure import settings_from_config
 from shardinfer.contract.shard_file import STATS_KEY
-from shardinfer.errors import UserError
-from shardinfer.plan import remove_stale_shards, run_plan
+from shardinfer.core.errors import UserError
+from shardinfer.plan.plan_file import remove_stale_shards, run_plan
 from shardinfer.proof.gather import run_gather
-from shardinfer.settings_digest import output_digest
+from shardinfer.settings.config import BatchSettings, ModelSettings, Settings
 from shardinfer.shard import job as job_module
 from shardinfer.shard.job import run_shard
 from shardinfer.shard.resume import windows_folder
 from shardinfer.shard.runtime import ShardJob
 from shardinfer.shard.tokenize_job import TokenizeJob, run_tokenize
+from shardinfer.snakefile.configure import settings_from_config
+from shardinfer.snakefile.settings_digest import output_digest
 
 ROWS = 60
 # sort_window 16: windows [0, 1) (the short first one), [1, 17), [17, 33), [33, 49), [49, 60).

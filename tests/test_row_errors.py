@@ -22,15 +22,15 @@ import pytest
 import torch
 
 from factory import REPO, read_predictions, run_workflow
-from shardinfer.config import BatchSettings, RowErrorSettings, Settings
-from shardinfer.configure import settings_from_config
-from shardinfer.errors import ProofError, UserError
-from shardinfer.plan import run_plan
+from shardinfer.core.errors import ProofError, UserError
+from shardinfer.plan.plan_file import run_plan
 from shardinfer.proof.gather import run_gather
-from shardinfer.settings_digest import output_digest
+from shardinfer.settings.config import BatchSettings, RowErrorSettings, Settings
 from shardinfer.shard.device_loop import RowErrors, predict_window, prepare_batches
 from shardinfer.shard.job import run_shard
 from shardinfer.shard.runtime import ShardJob
+from shardinfer.snakefile.configure import settings_from_config
+from shardinfer.snakefile.settings_digest import output_digest
 from shardinfer.tasks.base import Task, Window
 
 CPU = torch.device("cpu")
@@ -262,7 +262,7 @@ def test_end_to_end_a_stopped_shard_resumes_and_the_terminal_says_which_rows_fai
 def test_record_is_taken_by_the_vllm_engine_too(causal_lm):
     """vLLM's engine loop fails a bad prompt's row alone (tests/test_vllm.py runs it)."""
     from factory import settings_for
-    from shardinfer.config import ModelSettings
+    from shardinfer.settings.config import ModelSettings
     from shardinfer.tasks.vllm.checks import vllm_installed
     from shardinfer.tasks.vllm.task import VllmGenerate
 
@@ -275,8 +275,8 @@ def test_record_is_taken_by_the_vllm_engine_too(causal_lm):
 
 
 def test_the_terminal_and_the_report_say_how_many_rows_failed_and_the_first():
-    from shardinfer.report import failed_rows_item
-    from shardinfer.terminal import summary_lines
+    from shardinfer.report.snakemake_report import failed_rows_item
+    from shardinfer.report.terminal import summary_lines
 
     summary = {"rows": 40, "shards": 2, "run": {}, "per_shard": [
         {"row_errors": 1, "first_row_errors": [17]}, {"row_errors": 2, "first_row_errors": [23, 31]}]}
@@ -297,7 +297,7 @@ def test_a_text_row_that_fails_alone_is_recorded_and_the_others_are_the_models_o
 
     import reference
     from factory import input_frame, input_settings, write_input
-    from shardinfer.config import ModelSettings
+    from shardinfer.settings.config import ModelSettings
 
     frame = input_frame(40, seed=6)
     frame.loc[13, "text"] = "the [MASK] cat"

@@ -7,7 +7,7 @@ import pytest
 
 from factory import input_frame, write_input
 from factory import input_settings as settings_for
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.input.formats import format_named
 from shardinfer.input.formats import text_blocks as tables
 from shardinfer.input.parts import windows

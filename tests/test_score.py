@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from factory import REPO, input_frame, read_predictions, run_workflows_ok, texts, workflow_config, write_input
-from shardinfer.checks import check_settings
-from shardinfer.configure import settings_from_config
-from shardinfer.errors import UserError
-from shardinfer.plan import make_plan
+from shardinfer.core.errors import UserError
+from shardinfer.plan.plan_file import make_plan
 from shardinfer.shard.device_loop import predict_window, prepare_batches
+from shardinfer.snakefile.checks import check_settings
+from shardinfer.snakefile.configure import settings_from_config
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.score import Score
 from tiny_models import build_tiny_cross_encoder

@@ -1,4 +1,4 @@
-"""A task's config section as a typed, frozen object (`shardinfer.sections`), and the rule that
+"""A task's config section as a typed, frozen object (`shardinfer.settings.sections`), and the rule that
 keeps finished shards finished: a key added to a section with a default changes neither the shard
 digest nor the jobs' params of a config that does not set it; setting it changes both."""
 
@@ -10,11 +10,11 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from shardinfer import schema as schema_module
-from shardinfer.config import Settings
 from shardinfer.contract.shard_file import arrow_type
-from shardinfer.errors import UserError
-from shardinfer.sections import SECTIONS, GenerateSettings, added, section_settings
+from shardinfer.core.errors import UserError
+from shardinfer.settings import schema as schema_module
+from shardinfer.settings.config import Settings
+from shardinfer.settings.sections import SECTIONS, GenerateSettings, added, section_settings
 from test_digests_pinned import CONFIGS, PINNED, fixed_folders, pinned_values  # noqa: F401 (a fixture)
 
 
@@ -34,7 +34,7 @@ def test_a_section_is_typed_frozen_and_travels_as_the_config_gave_it():
 
 def test_settings_travel_to_jobs_and_back():
     from factory import input_settings, settings_for
-    from shardinfer.config import ModelSettings
+    from shardinfer.settings.config import ModelSettings
 
     model = ModelSettings(path="m", adapter=None, task="generate", max_length=8, dtype="float32",
                           trust_remote_code=False, allow_pickle=False, max_new_tokens=4)

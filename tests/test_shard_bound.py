@@ -7,11 +7,11 @@ import time
 import pytest
 
 from factory import input_frame, input_settings, run_workflow, workflow_config, write_input
-from shardinfer.config import InputSettings
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.input.formats import text_blocks
 from shardinfer.input.formats.text_blocks import lines
 from shardinfer.input.shard_bound import FEW_SHARDS, check_shard_count, rows_at_most, shard_count_note
+from shardinfer.settings.config import InputSettings
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".csv", ".jsonl"])

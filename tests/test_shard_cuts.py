@@ -9,8 +9,8 @@ import pytest
 
 from factory import gzipped, input_frame, write_input
 from factory import input_settings as settings_for
-from shardinfer.errors import ProofError, UserError
-from shardinfer.plan import make_plan, read_plan, write_plan
+from shardinfer.core.errors import ProofError, UserError
+from shardinfer.plan.plan_file import make_plan, read_plan, write_plan
 
 SHARDS = 5
 

@@ -15,11 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from factory import gzipped, input_frame, input_settings
-from shardinfer.errors import ProofError, UserError
+from shardinfer.core.errors import ProofError, UserError
 from shardinfer.input.formats import format_named, parquet, text_blocks
 from shardinfer.input.parts import iter_pieces
 from shardinfer.input.staging import should_stage, stage_part
-from shardinfer.plan import make_plan, read_plan, run_plan
+from shardinfer.plan.plan_file import make_plan, read_plan, run_plan
 from shardinfer.proof.prove import check_part
 from test_parts import parts_settings, write_parts
 

@@ -32,7 +32,7 @@ import factory
 import patience
 import plugins
 from bucket_runs import BATCH_IDS, INPUT, MODEL, PARTS_FOLDER, PARTS_KEPT, PARTS_SHARDS, ROWS, SHARDS, VAL_PARTS
-from shardinfer.errors import ProofError
+from shardinfer.core.errors import ProofError
 from test_workflow import assert_same_rows
 
 pytestmark = pytest.mark.s3  # the S3 server and the runs in its bucket, which test_slurm reads too
@@ -331,8 +331,8 @@ def test_the_kubernetes_profile_gives_each_shard_pod_a_gpu_limit(s3, models, tmp
      "inputs have different `shards`"),
 ])
 def test_what_a_bucket_cannot_hold_is_refused_when_the_snakefile_loads(change, refused):
-    from shardinfer.checks import check_storage_inputs
-    from shardinfer.errors import UserError
+    from shardinfer.core.errors import UserError
+    from shardinfer.snakefile.checks import check_storage_inputs
 
     config = {"input": {"path": "data/input.parquet"}, "model": {"task": "classify"}, "shards": 4}
     if "inputs" in change:

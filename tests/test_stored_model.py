@@ -1,4 +1,4 @@
-"""The model without a shared filesystem (shardinfer.stored_model): what the main process hands its
+"""The model without a shared filesystem (shardinfer.snakefile.stored_model): what the main process hands its
 jobs, the copies' names, and the digests a job computes from the handed facts equal the main
 process's. The runs through a real bucket are in tests/test_storage.py."""
 
@@ -13,11 +13,19 @@ from pathlib import Path
 import pytest
 
 import factory
-from shardinfer.config import ModelSettings
-from shardinfer.configure import settings_by_input
-from shardinfer.errors import UserError
-from shardinfer.settings_digest import output_digest, tokenizer_digest
-from shardinfer.stored_model import HANDED_VAR, ModelFiles, hand_on, handed, stage, with_handed_paths, with_staged
+from shardinfer.core.errors import UserError
+from shardinfer.settings.config import ModelSettings
+from shardinfer.snakefile.configure import settings_by_input
+from shardinfer.snakefile.settings_digest import output_digest, tokenizer_digest
+from shardinfer.snakefile.stored_model import (
+    HANDED_VAR,
+    ModelFiles,
+    hand_on,
+    handed,
+    stage,
+    with_handed_paths,
+    with_staged,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 

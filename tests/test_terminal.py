@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
+from shardinfer.report.terminal import run_first_rows, summary_lines
 from shardinfer.shard.progress import Progress, eta
-from shardinfer.terminal import run_first_rows, summary_lines
 
 SUMMARY = {
     "rows": 1000, "shards": 4, "truncated": 3, "model": {"max_length": 32},

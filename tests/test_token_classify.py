@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from factory import REPO, bert_config, input_frame, run_workflows_ok, save_tokenizer, workflow_config, write_input
-from shardinfer.checks import check_settings
-from shardinfer.configure import settings_from_config
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.shard.device_loop import predict_window, prepare_batches
+from shardinfer.snakefile.checks import check_settings
+from shardinfer.snakefile.configure import settings_from_config
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.token_classify import TokenClassify, grouped_entities
 from tiny_models import spread_weights

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from factory import settings_for
-from shardinfer.config import BatchSettings, ModelSettings
-from shardinfer.errors import UserError
-from shardinfer.settings_digest import output_digest
+from shardinfer.core.errors import UserError
+from shardinfer.settings.config import BatchSettings, ModelSettings
+from shardinfer.snakefile.settings_digest import output_digest
 from shardinfer.tasks import engine_class, engine_devices
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.generate import Generate

@@ -52,7 +52,7 @@ def bad_start(model: str) -> str | None:
     """The one line a shard job gives for engine arguments vLLM refuses (max_num_seqs 0)."""
     import torch
 
-    from shardinfer.errors import UserError
+    from shardinfer.core.errors import UserError
     from shardinfer.tasks.base import LoadContext
     from shardinfer.tasks.vllm.engine import start_engine
     from test_generate import settings
@@ -72,7 +72,7 @@ def with_an_empty_prompt(task) -> list:
     import pyarrow as pa
     import torch
 
-    from shardinfer.config import BatchSettings
+    from shardinfer.settings.config import BatchSettings
     from shardinfer.shard.device_loop import predict_window, prepare_batches
     from shardinfer.tasks.base import Window
     from shardinfer.tasks.generate_params import PromptRows
@@ -94,7 +94,7 @@ def through_feed(task, windows: list, record: bool = True, kill_before: tuple[in
     import pyarrow as pa
     import torch
 
-    from shardinfer.config import BatchSettings
+    from shardinfer.settings.config import BatchSettings
     from shardinfer.shard.device_loop import prepare_batches
     from shardinfer.tasks.base import NOT_YET
 
@@ -139,7 +139,7 @@ def windows_of(task, texts: list[str], size: int, edit=None) -> list:
 
 
 def one_line(call) -> str | None:
-    from shardinfer.errors import UserError
+    from shardinfer.core.errors import UserError
 
     try:
         call()

@@ -51,7 +51,7 @@ def on_python_path(root):
 
 on_python_path(package_root())
 
-from shardinfer.auto_shards import (
+from shardinfer.snakefile.auto_shards import (
     RESOLVED_VAR,
     check_gpus_given,
     missing_gpus,
@@ -59,24 +59,24 @@ from shardinfer.auto_shards import (
     resource_value,
     uses_auto,
 )
-from shardinfer.checks import (
+from shardinfer.snakefile.checks import (
     check_input_keys,
     check_storage_inputs,
     check_writable,
     schema_errors,
     written_folders,
 )
-from shardinfer.configure import input_paths, own_outputs_notes
-from shardinfer.errors import UserError
-from shardinfer.incomplete import settle
+from shardinfer.snakefile.configure import input_paths, own_outputs_notes
+from shardinfer.core.errors import UserError
+from shardinfer.snakefile.incomplete import settle
 from shardinfer.input.bucket import bucket_listing, object_names
 from shardinfer.input.shard_bound import shard_count_note
 from shardinfer.proof.verify import damage
-from shardinfer.layout import FOLDERS, Layout, fill
-from shardinfer.rule_params import jobs_by_input, tokenizer_key
-from shardinfer.stored_model import HANDED_VAR
+from shardinfer.snakefile.layout import FOLDERS, Layout, fill
+from shardinfer.snakefile.rule_params import jobs_by_input, tokenizer_key
+from shardinfer.snakefile.stored_model import HANDED_VAR
 from shardinfer.tasks import engine_devices, task_class
-from shardinfer.terminal import summary_lines
+from shardinfer.report.terminal import summary_lines
 
 # Without a shared filesystem: a default storage provider (S3, ...) holds the input and every result,
 # and each job sees only its declared files, downloaded (docs/storage.md).
@@ -114,7 +114,7 @@ def resolve_auto(config, per_engine):
 
 def load_inputs(config):
     """Validate the config (filling defaults) and check it against the file system, once: what the
-    jobs of each input take, by name (None for the one `input`: shardinfer.rule_params), what
+    jobs of each input take, by name (None for the one `input`: shardinfer.snakefile.rule_params), what
     `shards: auto` resolved to (None: no input uses it), without a shared filesystem the model's
     files the main process read, and the devices one engine spans (`Task.devices`). A bad value
     is refused in one line.
@@ -136,7 +136,7 @@ def load_inputs(config):
             config, STORAGE, workflow.is_main_process, auto and auto.count, listed
         )
         if STORAGE:
-            # The model's files, handed on to the jobs (set by now: shardinfer.stored_model).
+            # The model's files, handed on to the jobs (set by now: shardinfer.snakefile.stored_model).
             workflow.register_envvars(HANDED_VAR)
     except UserError as error:
         refuse(error)
@@ -159,7 +159,7 @@ def before_any_job():
 
 
 def settle_interrupted_run():
-    """The outputs an interrupted run left marked incomplete (shardinfer.incomplete): a shard file
+    """The outputs an interrupted run left marked incomplete (shardinfer.snakefile.incomplete): a shard file
     proven complete kept, anything else removed to run again, so that the same command resumes.
     On a shared filesystem with Snakemake's file persistence (its default) only."""
     backend = str(getattr(workflow.workflow_settings, "persistence_backend", "file"))
@@ -207,10 +207,10 @@ def listed_in_bucket(config):
     return bucket_listing(provider, STORAGE_PREFIX, input_paths(config))
 
 
-# What the jobs of each input take (shardinfer.rule_params), by name ({None: ...} for the one `input`),
+# What the jobs of each input take (shardinfer.snakefile.rule_params), by name ({None: ...} for the one `input`),
 # and the GPUs each shard job asks for: the devices one engine spans (generate.vllm's parallel sizes).
 INPUTS, AUTO, MODEL_FILES, ENGINE_DEVICES = load_inputs(config)
-# Every path of the run, and each rule's inputs and outputs that depend on it (shardinfer.layout).
+# Every path of the run, and each rule's inputs and outputs that depend on it (shardinfer.snakefile.layout).
 LAYOUT = Layout.of(INPUTS, STORAGE, STORAGE_PREFIX, tokenizer_key(INPUTS, MODEL_FILES))
 
 
@@ -248,7 +248,7 @@ PLAN_OVERHEAD = task_class(SETTINGS.model.task).plan_overhead(SETTINGS)
 # The tokens an image adds to its row's cost (input.image_column); no param without images.
 PLAN_IMAGE_PARAMS = task_class(SETTINGS.model.task).plan_image_params(SETTINGS)
 STARTED = time.time()  # when this Snakemake run loaded the workflow
-# The outputs an interrupted run finished that this run keeps (shardinfer.incomplete), recorded at onstart.
+# The outputs an interrupted run finished that this run keeps (shardinfer.snakefile.incomplete), recorded at onstart.
 KEPT_FROM_INTERRUPTED = []
 
 
@@ -278,7 +278,7 @@ def outputs(paths):
 
 
 def optional_reports():
-    """The report items this run's settings add (shardinfer.report_items.OPTIONAL_REPORTS), as outputs."""
+    """The report items this run's settings add (shardinfer.snakefile.report_items.OPTIONAL_REPORTS), as outputs."""
     return {
         item.name: report(
             item.path,

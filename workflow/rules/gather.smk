@@ -3,7 +3,7 @@ rule gather:
         # Their digests are checked: the staged copies, or without a shared filesystem the input's parts.
         **LAYOUT.gather_reads,
         # The shard files and files folders (without a shared filesystem in the parts layout, the shards'
-        # records instead of the parts: shardinfer.layout). Input functions, not lists: beside a
+        # records instead of the parts: shardinfer.snakefile.layout). Input functions, not lists: beside a
         # `rules.plan` input, Snakemake hashes a named list once per item (shards x shards: 12 s of
         # the dry run at 10,000 shards).
         **LAYOUT.gather_shards,
@@ -32,4 +32,4 @@ rule gather:
         # them (input `parts` are their local copies), which must be the planned ones.
         part_names=LAYOUT.gather_part_names,
     script:
-        "../../scripts/gather.py"
+        "../scripts/gather.py"

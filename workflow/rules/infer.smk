@@ -3,7 +3,7 @@ rule infer:
         **LAYOUT.tokens_input,
         # The copies the shards read of parts they cannot read by range (often none): a folder
         # deleted by hand replans instead of failing the shards. Without a shared filesystem: the
-        # shard's own rows, cut by the plan (shardinfer.layout).
+        # shard's own rows, cut by the plan (shardinfer.snakefile.layout).
         **LAYOUT.shard_reads,
         # Without a shared filesystem: the model's copies in storage (common.smk).
         **model_copies(model="model", adapter="adapter"),
@@ -12,7 +12,7 @@ rule infer:
         plan=rules.plan.output.plan,
     output:
         # The shard file and files folder (without a shared filesystem in the parts layout: the part
-        # in the bucket and the job's record of it; shardinfer.layout).
+        # in the bucket and the job's record of it; shardinfer.snakefile.layout).
         **outputs(LAYOUT.shard_outputs),
     log:
         LAYOUT.path("logs/infer/{shard}.log"),
@@ -26,7 +26,7 @@ rule infer:
         # leased together by the job; the Slurm plugin asks `sbatch --gpus=` for them.
         gpu=ENGINE_DEVICES,
     params:
-        # Without a shared filesystem in the parts layout: one part per shard (shardinfer.layout).
+        # Without a shared filesystem in the parts layout: one part per shard (shardinfer.snakefile.layout).
         **LAYOUT.infer_params,
         # Only a rerun trigger, with input.image_column: an image file its rows name replaced,
         # edited or removed reruns this shard alone (shardinfer.input.image_files).
@@ -36,4 +36,4 @@ rule infer:
         tokenizer_key=LAYOUT.tokenizer_key,
         outdated=LAYOUT.outdated,
     script:
-        "../../scripts/infer.py"
+        "../scripts/infer.py"

@@ -3,7 +3,7 @@ rule plan:
         table=LAYOUT.input_value("files"),
     output:
         # Copies of the parts that shards cannot read by range (input.stage; often empty), or without a
-        # shared filesystem each shard's rows (shardinfer.layout).
+        # shared filesystem each shard's rows (shardinfer.snakefile.layout).
         **outputs(LAYOUT.plan_outputs),
         plan=LAYOUT.path("results/plan.json"),
     log:
@@ -26,4 +26,4 @@ rule plan:
         input_version=LAYOUT.input_value("version"),
         outdated=LAYOUT.outdated,
     script:
-        "../../scripts/plan.py"
+        "../scripts/plan.py"

@@ -3,7 +3,7 @@ rule report_items:
         summary=rules.gather.output.summary,
     output:
         # With `evaluate:`, the scores' table and the confusion matrix; for a task whose rows are
-        # texts in tokens, the text-length figure (shardinfer.report_items.OPTIONAL_REPORTS).
+        # texts in tokens, the text-length figure (shardinfer.snakefile.report_items.OPTIONAL_REPORTS).
         **optional_reports(),
         run=report(
             LAYOUT.path("results/report/run.html"),
@@ -43,4 +43,4 @@ rule report_items:
     conda:
         "../../envs/inference.yaml"
     script:
-        "../../scripts/report.py"
+        "../scripts/report.py"

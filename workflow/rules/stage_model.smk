@@ -1,7 +1,7 @@
 if MODEL_FILES:
 
     # Without a shared filesystem: the model's files (and the adapter's) copied into storage once,
-    # on this machine, where model.path is; each shard job downloads them (shardinfer.stored_model).
+    # on this machine, where model.path is; each shard job downloads them (shardinfer.snakefile.stored_model).
     rule stage_model:
         input:
             local(MODEL_FILES.sources(SETTINGS)),
@@ -13,4 +13,4 @@ if MODEL_FILES:
         conda:
             "../../envs/inference.yaml"
         script:
-            "../../scripts/stage_model.py"
+            "../scripts/stage_model.py"

@@ -1,6 +1,6 @@
 # Without a shared filesystem (docs/storage.md): what the main Snakemake
 # process does in the bucket for its jobs, which see only their own declared files. `STORAGE` is in
-# common.smk, the rules' storage inputs and outputs in shardinfer.layout; the Snakefile calls these
+# common.smk, the rules' storage inputs and outputs in shardinfer.snakefile.layout; the Snakefile calls these
 # from onstart, onsuccess and onerror. Each does nothing on a shared filesystem.
 
 

@@ -16,4 +16,4 @@ rule tokenize:
         # The only tracked param: token files are reused while it holds, whatever the model.
         tokenizer_key=LAYOUT.tokenizer_key,
     script:
-        "../../scripts/tokenize_shard.py"
+        "../scripts/tokenize_shard.py"

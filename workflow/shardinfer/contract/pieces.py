@@ -25,7 +25,7 @@ import os
 import re
 from pathlib import Path
 
-from shardinfer.atomic import write_json_atomic
+from shardinfer.core.atomic import write_json_atomic
 
 PIECE_KEY = b"shardinfer.piece"  # a piece's footer: {"piece": k, "first": its first row}
 RECORD_FORMAT = "shardinfer.record/1"

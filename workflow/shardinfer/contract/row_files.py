@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from shardinfer.atomic import partial_path
 from shardinfer.contract.file_digest import file_digest
 from shardinfer.contract.shard_file import ERROR_COLUMN, INDEX_COLUMN, file_name
-from shardinfer.errors import ProofError
+from shardinfer.core.atomic import partial_path
+from shardinfer.core.errors import ProofError
 
 SNAKEMAKE_MARKER = ".snakemake_timestamp"  # Snakemake's own mark in a directory() output
 
 
 def staging_folder(folder: str | Path) -> Path:
-    """`results/files/.3.partial`: named as a partial file is (shardinfer.atomic)."""
+    """`results/files/.3.partial`: named as a partial file is (shardinfer.core.atomic)."""
     return partial_path(Path(folder))
 
 

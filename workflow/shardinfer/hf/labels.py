@@ -13,7 +13,7 @@ import re
 import struct
 from pathlib import Path
 
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 
 HEAD_MODULES = ("classifier", "score")  # what sequence-classification models name their head
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

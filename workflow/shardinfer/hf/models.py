@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from shardinfer.config import ModelSettings
-from shardinfer.errors import UserError, first_line
+from shardinfer.core.errors import UserError, first_line
 from shardinfer.hf.labels import HEAD_MODULES, base_label_names, label_names
 from shardinfer.hf.tokenizer_files import VOCABULARY_FILES, is_vocabulary_file
+from shardinfer.settings.config import ModelSettings
 
 log = logging.getLogger(__name__)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

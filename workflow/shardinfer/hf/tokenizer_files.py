@@ -1,5 +1,5 @@
 """Which files in a model folder make up its tokenizer: what the loader looks for and what the
-tokenizer digest (`shardinfer.settings_digest`) covers. Free of torch and transformers."""
+tokenizer digest (`shardinfer.snakefile.settings_digest`) covers. Free of torch and transformers."""
 
 from __future__ import annotations
 

@@ -20,9 +20,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardinfer.contract.shard_file import INDEX_COLUMN
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.input.scan import text_values
-from shardinfer.plan import Plan
+from shardinfer.plan.plan_file import Plan
 
 TOKENS_KEY = b"shardinfer.tokens"  # token file metadata: plan, range and tokenizer
 # What a task may take from the tokenizer beside the ids (`TextTask.token_data`), by the argument that asks for it.

@@ -11,7 +11,7 @@ line naming what to check (`storage_refusal`), not a traceback from deep in boto
 
 from __future__ import annotations
 
-from shardinfer.errors import UserError, first_line
+from shardinfer.core.errors import UserError, first_line
 from shardinfer.input.discovery import is_glob, listing_root
 
 # What S3 answers for keys it does not take (an unknown key, a wrong secret, a key without rights).

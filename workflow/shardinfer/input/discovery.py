@@ -37,12 +37,12 @@ import os
 import posixpath
 from pathlib import Path, PurePosixPath
 
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.input.formats import all_formats, compressible_names, extensions, folder_format, format_named, format_of
 
 GLOB_CHARACTERS = "*?["
 # The workflow's own folders, in the working directory (without a shared filesystem: under the
-# storage prefix): its results and logs (shardinfer.layout), and Snakemake's own. Never input.
+# storage prefix): its results and logs (shardinfer.snakefile.layout), and Snakemake's own. Never input.
 OWN_FOLDERS = ("results", "logs", ".snakemake")
 
 

@@ -33,7 +33,7 @@ import json
 import os
 from pathlib import Path
 
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 
 PLANNED = "planned"
 SIZE_MTIME = ("st_size", "st_mtime_ns")  # what reruns a shard (its infer param)

@@ -26,14 +26,14 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from shardinfer.config import InputSettings
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.input.discovery import resolve_input
 from shardinfer.input.formats import format_named
 from shardinfer.input.formats.base import Span
 from shardinfer.input.identity import digest_alongside, fingerprint
 from shardinfer.input.scan import NULLS_LISTED, InputScan, scan_input
 from shardinfer.input.staging import Staged
+from shardinfer.settings.config import InputSettings
 
 
 @dataclass(frozen=True)

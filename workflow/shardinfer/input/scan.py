@@ -16,12 +16,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from shardinfer.config import InputSettings
 from shardinfer.contract.content_digest import table_digest
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.input.formats import format_named
 from shardinfer.input.formats.base import Mark, Span
 from shardinfer.input.images import column_images, image_kind_problem
+from shardinfer.settings.config import InputSettings
 
 NULLS_LISTED = 5
 # A conversation's cost beyond its contents' characters: the chat template's markers around each

@@ -13,9 +13,9 @@ on a small sample of it.
 
 from __future__ import annotations
 
-from shardinfer.config import InputSettings
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.input.formats import format_named
+from shardinfer.settings.config import InputSettings
 
 FEW_SHARDS = 1000  # above this, shards beyond the input's rows are refused
 MANY_SHARDS = 2000  # above this, the terminal says what the DAG costs

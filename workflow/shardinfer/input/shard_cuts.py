@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from shardinfer.atomic import atomic_parquet_writer
-from shardinfer.config import InputSettings
 from shardinfer.contract.file_digest import file_digest
-from shardinfer.errors import UserError
+from shardinfer.core.atomic import atomic_parquet_writer
+from shardinfer.core.errors import UserError
 from shardinfer.input.parts import Part, Piece, windows
+from shardinfer.settings.config import InputSettings
 
 # The format cuts are written in, and read in by the shard and tokenize jobs.
 CUT_FORMAT = "parquet"

@@ -39,12 +39,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from shardinfer.config import InputSettings
 from shardinfer.contract.file_digest import file_digest
-from shardinfer.errors import ProofError, UserError
+from shardinfer.core.errors import ProofError, UserError
 from shardinfer.input.formats import format_named
 from shardinfer.input.formats.base import Held
 from shardinfer.input.identity import digest_alongside, fingerprint
+from shardinfer.settings.config import InputSettings
 
 log = logging.getLogger(__name__)
 STAGE_RATIO = 1.2  # auto: stage when the shards would read more than this many times the part's rows

@@ -19,13 +19,11 @@ import shutil
 from contextlib import ExitStack
 from pathlib import Path
 
-from shardinfer.atomic import atomic_parquet_writer, atomic_path, write_json_atomic
-from shardinfer.config import EvaluateSettings, InputSettings, OutputSettings
 from shardinfer.contract.file_digest import file_digest
 from shardinfer.contract.shard_file import IDENTITY_KEY, dictionary_columns
-from shardinfer.errors import ProofError, UserError
-from shardinfer.metrics import check_gold, headline, score_predictions
-from shardinfer.plan import Plan, read_plan
+from shardinfer.core.atomic import atomic_parquet_writer, atomic_path, write_json_atomic
+from shardinfer.core.errors import ProofError, UserError
+from shardinfer.plan.plan_file import Plan, read_plan
 from shardinfer.proof.batch_output import output_lines, request_key
 from shardinfer.proof.manifest import MANIFEST_NAME
 from shardinfer.proof.prove import prove
@@ -40,6 +38,8 @@ from shardinfer.proof.values import (
     verified_row_groups,
     with_bytes_unknown,
 )
+from shardinfer.scores.metrics import check_gold, headline, score_predictions
+from shardinfer.settings.config import EvaluateSettings, InputSettings, OutputSettings
 from shardinfer.tasks import TASKS, task_class
 
 log = logging.getLogger(__name__)

@@ -48,7 +48,7 @@ def columns_of(schema: pa.Schema) -> list[list[str]]:
 
 def manifest(parts: list[dict], plan, digest: str, schema: pa.Schema | None) -> dict:
     """The manifest's content (module docstring); `parts`: each part's name, rows, start, end,
-    content, sha256 and bytes, in index order; `plan`: a `shardinfer.plan.Plan`."""
+    content, sha256 and bytes, in index order; `plan`: a `shardinfer.plan.plan_file.Plan`."""
     return {
         "format": MANIFEST_FORMAT,
         "rows": plan.rows,

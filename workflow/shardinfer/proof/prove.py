@@ -12,18 +12,18 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from shardinfer.config import InputSettings
 from shardinfer.contract.pieces import record_path
 from shardinfer.contract.row_files import staging_folder
 from shardinfer.contract.shard_file import IMAGES_READ
-from shardinfer.errors import ProofError
+from shardinfer.core.errors import ProofError
 from shardinfer.input.identity import digest_alongside
 from shardinfer.input.image_files import image_changed
 from shardinfer.input.images import input_folder
 from shardinfer.input.parts import Part, one_file, refuse_other_parts
 from shardinfer.input.scan import count_rows
-from shardinfer.plan import Plan
+from shardinfer.plan.plan_file import Plan
 from shardinfer.proof.shards import ShardFile, prove_recorded, prove_shard
+from shardinfer.settings.config import InputSettings
 
 log = logging.getLogger(__name__)
 

@@ -22,10 +22,10 @@ import os
 import shutil
 from pathlib import Path
 
-from shardinfer.atomic import atomic_path, fsync_folder, partial_path
 from shardinfer.contract.file_digest import file_digest
 from shardinfer.contract.pieces import record_path, stat_identity, write_record
-from shardinfer.plan import Plan
+from shardinfer.core.atomic import atomic_path, fsync_folder, partial_path
+from shardinfer.plan.plan_file import Plan
 from shardinfer.proof.manifest import MANIFEST_NAME, dumps, manifest, part_names
 from shardinfer.proof.shards import Piece, ShardFile
 

@@ -24,8 +24,8 @@ import pyarrow.parquet as pq
 from shardinfer.contract.content_digest import CONTENT_KEY
 from shardinfer.contract.pieces import PIECE_KEY, later_pieces, piece_path, read_record, record_path, stat_identity
 from shardinfer.contract.shard_file import FILE_TYPE, IDENTITY_KEY, INDEX_COLUMN, STATS_KEY
-from shardinfer.errors import ProofError
-from shardinfer.plan import Plan
+from shardinfer.core.errors import ProofError
+from shardinfer.plan.plan_file import Plan
 
 log = logging.getLogger(__name__)
 INDEX_BATCH = 1 << 16  # index values checked at a time

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from shardinfer.config import InputSettings
 from shardinfer.contract.shard_file import IMAGES_READ, computed
-from shardinfer.plan import Plan
+from shardinfer.plan.plan_file import Plan
 from shardinfer.proof.prove import ShardFile
+from shardinfer.settings.config import InputSettings
 from shardinfer.tasks import task_totals
 
 

@@ -24,7 +24,7 @@ from shardinfer.contract.content_digest import ContentHasher
 from shardinfer.contract.file_digest import file_digest
 from shardinfer.contract.row_files import prove_files, refuse_unlisted
 from shardinfer.contract.shard_file import ERROR_COLUMN, INDEX_COLUMN
-from shardinfer.errors import ProofError
+from shardinfer.core.errors import ProofError
 from shardinfer.proof.shards import Piece, ShardFile, open_verified, read_fault
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from shardinfer.contract.file_digest import CHUNK_BYTES, DIGEST_ALGORITHM
 from shardinfer.contract.shard_file import IDENTITY_KEY
-from shardinfer.errors import ProofError
+from shardinfer.core.errors import ProofError
 from shardinfer.proof.manifest import MANIFEST_FORMAT, MANIFEST_NAME
 
 

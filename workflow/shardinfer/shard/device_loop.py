@@ -1,7 +1,7 @@
 """The device loop: a window's batches through the task, one batch in flight, results back in the
 rows' order whatever their shape.
 
-Batches are cut by cost (length-sorted, `shardinfer.batching`) and their host inputs built ahead
+Batches are cut by cost (length-sorted, `shardinfer.hf.batching`) and their host inputs built ahead
 in a worker. On the device thread a batch's results are collected only after the next batch is
 queued, so the device has work while the host stores results. A batch that runs out of device
 memory is halved and retried, down to a single row. With `row_errors.mode: record` (a `RowErrors`
@@ -19,8 +19,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from shardinfer.config import BatchSettings
-from shardinfer.errors import RowError, UserError
+from shardinfer.core.errors import RowError, UserError
+from shardinfer.settings.config import BatchSettings
 from shardinfer.tasks.base import Task, Window
 
 log = logging.getLogger(__name__)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from shardinfer.config import Settings
 from shardinfer.contract.shard_file import ERROR_COLUMN, OutputType, file_columns, shard_schema
-from shardinfer.errors import UserError
-from shardinfer.plan import Plan
+from shardinfer.core.errors import UserError
+from shardinfer.plan.plan_file import Plan
+from shardinfer.settings.config import Settings
 from shardinfer.shard.runtime import ShardJob
 
 

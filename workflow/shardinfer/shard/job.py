@@ -26,11 +26,11 @@ import torch
 
 from shardinfer.contract.row_files import staging_folder
 from shardinfer.contract.shard_file import computed
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.hf.tokens import check_token_file, token_identity
 from shardinfer.hf.transformers_import import hide_sklearn_from_transformers
 from shardinfer.input.parts import windows
-from shardinfer.plan import Plan, read_plan
+from shardinfer.plan.plan_file import Plan, read_plan
 from shardinfer.shard.device_loop import Prepared, RowErrors, predict_window, prepare_batches
 from shardinfer.shard.file_layout import shard_identity, shard_layout
 from shardinfer.shard.pieces import shard_pieces

@@ -3,7 +3,7 @@ piece reaches the part size (`output.layout: parts`), then the shard's record of
 (`shardinfer.contract.pieces`).
 
 Every piece is written beside its final name, under its attempt's own
-(`.3.1.parquet.<host>-<pid>.partial`, shardinfer.atomic) and takes it only when the whole shard is
+(`.3.1.parquet.<host>-<pid>.partial`, shardinfer.core.atomic) and takes it only when the whole shard is
 written, the first piece last: its bytes (`.3.parquet.data`), then the shard file (the rule's
 output), a link to them, so that a job that stops leaves no piece that looks finished. Each piece's
 values are hashed as they are written; its footer gets their digest and its place, the last one's
@@ -23,7 +23,6 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shardinfer.atomic import attempt_path, fsync_folder, naming_full_disk, remove_dead_attempts
 from shardinfer.contract.content_digest import ContentHasher
 from shardinfer.contract.file_digest import file_digest
 from shardinfer.contract.pieces import (
@@ -36,6 +35,7 @@ from shardinfer.contract.pieces import (
     write_record,
 )
 from shardinfer.contract.shard_file import STATS_KEY, dictionary_columns
+from shardinfer.core.atomic import attempt_path, fsync_folder, naming_full_disk, remove_dead_attempts
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class ShardPieces:
 
     def _open(self) -> None:
         path = piece_path(self.output, len(self.closed))
-        remove_dead_attempts(path)  # an attempt's own name (shardinfer.atomic): two runs never share one
+        remove_dead_attempts(path)  # an attempt's own name (shardinfer.core.atomic): two runs never share one
         self.partials.append(attempt_path(path))
         self.first, self.content = self.next_row, ContentHasher()
         self.writer = pq.ParquetWriter(self.partials[-1], self.schema, write_page_checksum=True,

@@ -3,7 +3,7 @@ killed (SIGKILL, a lost node, a time limit, a preemption) loses at most the wind
 
 A shard's committed windows live beside its file, in `results/shards/.3.parquet.windows/`, one
 Parquet file per window named by its first row (`000000016384.parquet`), written atomically
-(`shardinfer.atomic`) once the window's per-row files are on disk. Each carries the shard file's
+(`shardinfer.core.atomic`) once the window's per-row files are on disk. Each carries the shard file's
 own schema and identity (plan, range, settings digest, task, files), and in its metadata its rows,
 its content digest and the shard's tally after it (rows, tokens, truncations, row errors).
 
@@ -28,11 +28,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shardinfer.atomic import atomic_path
 from shardinfer.contract.content_digest import table_digest
 from shardinfer.contract.row_files import prove_files
 from shardinfer.contract.shard_file import IDENTITY_KEY, INDEX_COLUMN
-from shardinfer.errors import ProofError
+from shardinfer.core.atomic import atomic_path
+from shardinfer.core.errors import ProofError
 from shardinfer.shard.row_files import ShardFiles
 
 log = logging.getLogger(__name__)

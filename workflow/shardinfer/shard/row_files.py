@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from shardinfer.atomic import fsync_folder, naming_full_disk
 from shardinfer.contract.row_files import expected_name, staging_folder
 from shardinfer.contract.shard_file import FILE_TYPE
-from shardinfer.errors import UserError
+from shardinfer.core.atomic import fsync_folder, naming_full_disk
+from shardinfer.core.errors import UserError
 
 
 class ShardFiles:

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import pyarrow as pa
 import torch
 
-from shardinfer.batching import batch_budget
-from shardinfer.config import BatchSettings, Settings
-from shardinfer.devices import Lease, acquire_devices, default_wait_s
+from shardinfer.hf.batching import batch_budget
 from shardinfer.hf.models import choose_device, choose_dtype
+from shardinfer.settings.config import BatchSettings, Settings
+from shardinfer.shard.devices import Lease, acquire_devices, default_wait_s
 from shardinfer.tasks import engine_class
 from shardinfer.tasks.base import LoadContext, Task
 

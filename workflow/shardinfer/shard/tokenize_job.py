@@ -12,13 +12,13 @@ import os
 import time
 from dataclasses import dataclass
 
-from shardinfer.atomic import atomic_parquet_writer
-from shardinfer.config import Settings
+from shardinfer.core.atomic import atomic_parquet_writer
 from shardinfer.hf.models import load_tokenizer
 from shardinfer.hf.tokens import token_identity, tokenize_window, tokens_schema, tokens_table
 from shardinfer.hf.transformers_import import hide_sklearn_from_transformers
 from shardinfer.input.parts import windows
-from shardinfer.plan import read_plan
+from shardinfer.plan.plan_file import read_plan
+from shardinfer.settings.config import Settings
 from shardinfer.tasks import task_class
 
 log = logging.getLogger(__name__)

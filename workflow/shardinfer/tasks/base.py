@@ -22,9 +22,9 @@ any exception while predicting halves the batch too, down to the rows that fail 
 get null outputs and their error (`shardinfer.shard.device_loop`).
 
 A task owns the config section named after it (`embed:`, `generate:`), handed to it typed as
-`settings.task_settings` (`shardinfer.sections`); the shard digest takes the task's section (with
+`settings.task_settings` (`shardinfer.settings.sections`); the shard digest takes the task's section (with
 `model:`, the input's settings, the model files and, for custom, the hook's code;
-`shardinfer.settings_digest`), not the other tasks' sections. Its output columns follow from the
+`shardinfer.snakefile.settings_digest`), not the other tasks' sections. Its output columns follow from the
 settings: `output_fields(settings)`, torch-free, each an Arrow type (or a type string,
 `shardinfer.contract.shard_file`), is the one place they are declared (a task whose columns never
 change declares them as `outputs`). The empty shard, the check of keep columns against them and
@@ -43,10 +43,10 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from shardinfer.batching import length_sorted_batches, padded_tokens
-from shardinfer.config import BatchSettings, ModelSettings, Settings
 from shardinfer.contract.shard_file import OutputType
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
+from shardinfer.hf.batching import length_sorted_batches, padded_tokens
+from shardinfer.settings.config import BatchSettings, ModelSettings, Settings
 
 NOT_YET = object()  # a window source's answer to `take(wait=False)` when the next window is not ready (`Task.feed`)
 
@@ -116,18 +116,18 @@ class Task:
     tokenizes_ahead: ClassVar[bool] = False  # whether the tokenize rule can make its inputs (`tokenize.ahead`)
     reads_conversations: ClassVar[bool] = False  # whether `inputs` takes input.messages_column (generate)
     reads_images: ClassVar[bool] = False  # whether `inputs` takes input.image_column (generate)
-    # How `evaluate:` scores its outputs against a gold column (shardinfer.metrics.SCORERS): "labels"
+    # How `evaluate:` scores its outputs against a gold column (shardinfer.scores.metrics.SCORERS): "labels"
     # (classes), "texts" (exact match); None: no metric, evaluate refused.
     scored_as: ClassVar[str | None] = None
     # The output column `evaluate:` compares the gold values with, by their kind
-    # (shardinfer.metrics.gold_kind): "ids" and "names" for labels, "texts" for texts.
+    # (shardinfer.scores.metrics.gold_kind): "ids" and "names" for labels, "texts" for texts.
     compared: ClassVar[dict[str, str]] = {}
     # Its running totals among `finish()`'s stats (ints, summed over a resumed shard's jobs), each
     # reported per second over the run's wall time, by what the terminal calls that rate.
     totals: ClassVar[dict[str, str]] = {}
     prepare_stage: str = "prepare"  # the pipeline stage's name in logs and the report
     # One forward pass per batch (classify, embed, score), which on CPU runs fastest in small batches
-    # (`batch.max_tokens: auto`, shardinfer.batching.batch_budget).
+    # (`batch.max_tokens: auto`, shardinfer.hf.batching.batch_budget).
     one_pass: ClassVar[bool] = False
     # Whether its engine schedules its own batches (vLLM: a window whole), so batch.max_tokens and
     # batch.max_rows do not apply and the shard log does not claim them.

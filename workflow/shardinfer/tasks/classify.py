@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from shardinfer.config import ModelSettings
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.hf.labels import label_names
+from shardinfer.settings.config import ModelSettings
 from shardinfer.tasks.base import matrix_to_list_array
 from shardinfer.tasks.text import TextTask
 
@@ -63,7 +63,7 @@ class Classify(LabelledTask):
     one_pass = True
     auto_class = "AutoModelForSequenceClassification"
     outputs = {"label": "string", "label_id": "int64", "probs": "list<float32>"}
-    scored_as = "labels"  # evaluate: accuracy, F1 and the confusion matrix (shardinfer.metrics)
+    scored_as = "labels"  # evaluate: accuracy, F1 and the confusion matrix (shardinfer.scores.metrics)
     compared = {"ids": "label_id", "names": "label"}  # integer gold values with the ids, strings with the names
 
     def predict(self, batch: dict) -> dict:

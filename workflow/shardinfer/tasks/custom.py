@@ -31,9 +31,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shardinfer.config import Settings
 from shardinfer.contract.shard_file import INDEX_COLUMN, arrow_type, file_suffix
-from shardinfer.errors import RowError, UserError
+from shardinfer.core.errors import RowError, UserError
+from shardinfer.settings.config import Settings
 from shardinfer.tasks.base import LoadContext, Task, TaskInputs, Window, matrix_to_list_array, tokenize_ahead_refused
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Text generation with a causal language model: greedy, or sampled reproducibly per row; one or
 several completions per row, with log-probabilities and structured output when asked.
 
-Settings: `model.max_new_tokens` and the `generate:` section (`shardinfer.sections.GenerateSettings`).
+Settings: `model.max_new_tokens` and the `generate:` section (`shardinfer.settings.sections.GenerateSettings`).
 This module is the task and the transformers engine; what both engines share lives beside it:
 what the task refuses (`generate_checks`), the prompts (`generate_prompts`: texts and conversations,
 as token ids), each row's parameters (`generate_params`), the output columns (`generate_columns`),
@@ -33,13 +33,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from shardinfer.batching import length_sorted_batches, pad_batch
-from shardinfer.config import BatchSettings, ModelSettings, Settings
 from shardinfer.contract.shard_file import IMAGES_READ
-from shardinfer.errors import RowError, UserError
+from shardinfer.core.errors import RowError, UserError
+from shardinfer.hf.batching import length_sorted_batches, pad_batch
 from shardinfer.hf.tokens import TokenWindow
 from shardinfer.input.formats.openai_batch import NAME as BATCH_FORMAT
-from shardinfer.schema import defaults
+from shardinfer.settings.config import BatchSettings, ModelSettings, Settings
+from shardinfer.settings.schema import defaults
 from shardinfer.tasks.base import TaskInputs, Window, tokenize_ahead_refused
 from shardinfer.tasks.generate_checks import check_generate_section, check_positions, names_a_generator, not_a_generator
 from shardinfer.tasks.generate_columns import COLUMNS, Columns, output_fields
@@ -96,7 +96,7 @@ class Generate(TextTask):
     tokenizes_ahead = False  # prompts go through the chat template and are cut from the left, in the shard job
     reads_conversations = True  # input.messages_column
     reads_images = True  # input.image_column (shardinfer.tasks.generate_images)
-    scored_as = "texts"  # evaluate: exact match of `generated` with the reference (shardinfer.metrics)
+    scored_as = "texts"  # evaluate: exact match of `generated` with the reference (shardinfer.scores.metrics)
     compared = {"texts": "generated"}
     totals = {"generated_tokens": "generated tokens/s"}
     outputs = COLUMNS  # at the section's defaults; `output_fields` gives the settings' own

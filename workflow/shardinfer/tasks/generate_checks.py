@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from shardinfer.config import ModelSettings, Settings
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.input.formats.openai_batch import NAME as BATCH_FORMAT
+from shardinfer.settings.config import ModelSettings, Settings
 from shardinfer.tasks.classify import untrained_head
 from shardinfer.tasks.generate_params import lines_carry_parameters
 from shardinfer.tasks.text import model_length_limit

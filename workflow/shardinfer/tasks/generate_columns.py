@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from shardinfer.config import Settings
 from shardinfer.contract.shard_file import OutputType
+from shardinfer.settings.config import Settings
 from shardinfer.tasks.generate_logprobs import LOGPROBS, SampleLogprobs, TokenTexts, logprobs_array, offsets
 from shardinfer.tasks.generate_params import RowParams, lines_carry_parameters
 from shardinfer.tasks.generate_structured import Judge, parsed_type

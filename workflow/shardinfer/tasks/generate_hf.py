@@ -15,8 +15,8 @@ import logging
 
 import numpy as np
 
-from shardinfer.config import Settings
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
+from shardinfer.settings.config import Settings
 from shardinfer.tasks.generate_columns import FINISH, Completion
 from shardinfer.tasks.generate_logprobs import LogprobRecorder
 from shardinfer.tasks.generate_params import RowParams

@@ -35,7 +35,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.hf.tokens import TokenWindow
 from shardinfer.input.images import decoded, input_folder, row_images
 from shardinfer.input.scan import text_values
@@ -277,7 +277,7 @@ def load_processor(settings):
     """The model folder's processor (its tokenizer and image processor), left-padding its batches."""
     from transformers import AutoProcessor
 
-    from shardinfer.errors import first_line
+    from shardinfer.core.errors import first_line
 
     try:
         processor = AutoProcessor.from_pretrained(settings.model.path, local_files_only=True,

@@ -15,9 +15,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shardinfer.config import ModelSettings, Settings
 from shardinfer.input.formats.openai_batch import NAME as BATCH_FORMAT
-from shardinfer.schema import defaults
+from shardinfer.settings.config import ModelSettings, Settings
+from shardinfer.settings.schema import defaults
 
 
 def lines_carry_parameters(settings: Settings) -> bool:
@@ -60,7 +60,7 @@ class RowParams:
     n: int = 1  # completions of the row
     stop: tuple[str, ...] = ()
     logprobs: int | None = None  # None: none; k: the chosen token's and the top k per position
-    structured: dict | None = None  # `shardinfer.sections.structured_spec`'s form, or None
+    structured: dict | None = None  # `shardinfer.settings.sections.structured_spec`'s form, or None
     # a batch file's line's, with the vLLM engine only (the config sets none)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0

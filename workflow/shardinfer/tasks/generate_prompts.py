@@ -29,7 +29,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.hf.tokens import TokenWindow
 from shardinfer.input.scan import text_values
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from shardinfer.errors import UserError, first_line
+from shardinfer.core.errors import UserError, first_line
 
 SCALARS = {"string": pa.string(), "integer": pa.int64(), "number": pa.float64(), "boolean": pa.bool_()}
 UNMAPPED = ("anyOf", "oneOf", "allOf", "$ref", "not", "if", "patternProperties", "prefixItems")

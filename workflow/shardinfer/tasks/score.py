@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from shardinfer.config import ModelSettings, Settings
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.hf.labels import adapter_head, label_names
+from shardinfer.settings.config import ModelSettings, Settings
 from shardinfer.tasks.base import TaskInputs
 from shardinfer.tasks.classify import refuse_untrained_head
 from shardinfer.tasks.text import TextTask

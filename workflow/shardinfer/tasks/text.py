@@ -12,10 +12,10 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from shardinfer.batching import pad_batch
-from shardinfer.config import ModelSettings, Settings
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
+from shardinfer.hf.batching import pad_batch
 from shardinfer.hf.tokens import Encoder, TokenReader, TokenWindow, tokenize_window
+from shardinfer.settings.config import ModelSettings, Settings
 from shardinfer.tasks.base import LoadContext, Task, Window
 
 

@@ -12,9 +12,9 @@ import importlib
 import pkgutil
 from pathlib import Path
 
-from shardinfer.config import FLAT_OPTIONS
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.input.formats.base import COMPRESSED_SUFFIXES, Format
+from shardinfer.settings.config import FLAT_OPTIONS
 
 
 @functools.cache

@@ -16,8 +16,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from shardinfer.config import InputSettings
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.input.formats.base import (
     Format,
     Position,
@@ -28,6 +27,7 @@ from shardinfer.input.formats.base import (
     select,
     widened_fields,
 )
+from shardinfer.settings.config import InputSettings
 
 FILE_MAGIC = b"ARROW1"
 FEATHER_V1_MAGIC = b"FEA1"

@@ -25,8 +25,8 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from shardinfer.config import InputSettings
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
+from shardinfer.settings.config import InputSettings
 
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".lz4", ".zst")  # what Arrow decompresses by the name (pa.input_stream)
 Held = list[tuple[int, int]]  # the shards' row ranges in one part, in the part's own numbering

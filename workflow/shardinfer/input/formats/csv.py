@@ -16,10 +16,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from shardinfer.config import InputSettings
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.input.formats.base import FormatOptions, Position, empty_batch
 from shardinfer.input.formats.text_blocks import Reader, TextFormat, opened_at, position
+from shardinfer.settings.config import InputSettings
 
 QUOTE, LF, CR = (ord(c) for c in '"\n\r')
 

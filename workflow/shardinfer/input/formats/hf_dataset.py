@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.input.formats.arrow import Arrow
 from shardinfer.input.formats.base import FormatOptions
 

@@ -16,9 +16,9 @@ import re
 import pyarrow as pa
 import pyarrow.json as pajson
 
-from shardinfer.config import InputSettings
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.input.formats.text_blocks import Reader, TextFormat, blocks, line_cut, position
+from shardinfer.settings.config import InputSettings
 
 START = position(1, 0)
 

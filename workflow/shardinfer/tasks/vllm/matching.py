@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.tasks.generate_columns import FINISH, Completion
 from shardinfer.tasks.generate_logprobs import SampleLogprobs
 from shardinfer.tasks.generate_params import RowParams

@@ -2,7 +2,7 @@
 `pipeline_parallel_size`): its arguments, the check that it has them, and where its workers run.
 
 On GPUs the shard job leased the N devices together and exported them as CUDA_VISIBLE_DEVICES
-before CUDA started (`shardinfer.devices`); vLLM's worker of local rank r takes the r-th visible
+before CUDA started (`shardinfer.shard.devices`); vLLM's worker of local rank r takes the r-th visible
 device. The engine itself stays in the job's process (VLLM_ENABLE_V1_MULTIPROCESSING=0) and drives
 one worker process per device (the "mp" executor, never Ray, which would place workers anywhere in
 its cluster). Workers are spawned: each re-imports the job's script as `__mp_main__`, whose body
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 
-from shardinfer.errors import UserError
+from shardinfer.core.errors import UserError
 from shardinfer.tasks.vllm.checks import SPANS_SETTING, Span
 
 BIND_VAR = "VLLM_CPU_OMP_THREADS_BIND"

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from shardinfer.errors import UserError, first_line
+from shardinfer.core.errors import UserError, first_line
 from shardinfer.tasks.base import LoadContext, Window
 from shardinfer.tasks.generate import Generate
 from shardinfer.tasks.generate_params import PromptRows, RowParams

@@ -1,0 +1,49 @@
+"""The config schema (workflow/schemas/config.schema.yaml) as data: the one home of every key's
+default. The Snakefile's `validate` fills them into the config; code that builds settings without
+a validated config (unit tests, scripts/benchmark.py, a task driven by hand) reads them here, so
+no default is written down twice.
+"""
+
+from __future__ import annotations
+
+import copy
+from functools import cache
+from pathlib import Path
+
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
+
+
+def parse_yaml(text: str) -> dict:
+    """YAML as `yaml.safe_load` reads it, by libyaml's loader where installed: the schema parses in a
+    fraction of the pure-Python loader's time, and every `snakemake` start reads it."""
+    import yaml
+
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+@cache
+def _schema() -> dict:
+    return parse_yaml(SCHEMA_PATH.read_text())
+
+
+def schema() -> dict:
+    """The schema, parsed (a copy: callers may change it)."""
+    return copy.deepcopy(_schema())
+
+
+def defaults(section: str | None = None) -> dict:
+    """What Snakemake's `validate` fills into a config that sets nothing (`section` None), or into
+    a section given with none of its keys (`defaults("generate")`, `defaults("input")`)."""
+    node = _schema() if section is None else _schema()["properties"][section]
+    return filled(node)
+
+
+def filled(node: dict) -> dict:
+    """The defaults of `node`'s properties, a section's own below it, as `validate` fills them: it
+    sets each missing key to its default, then validates (and so fills) the value it set."""
+    values = {}
+    for key, child in node.get("properties", {}).items():
+        if "default" in child:
+            value = copy.deepcopy(child["default"])
+            values[key] = {**filled(child), **value} if isinstance(value, dict) and "properties" in child else value
+    return values
