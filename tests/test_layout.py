@@ -13,7 +13,7 @@ PACKAGE = REPO / "workflow" / "shardinfer"
 # The rooms, bottom to top: a module may import its own room's modules and those of the rooms below.
 # Each is named by its modules and folders (relative to the package); every module is in one room.
 ROOMS = (
-    ("base", ("errors", "schema", "sections", "config", "atomic", "jobs", "devices", "auto_shards")),
+    ("base", ("errors", "schema", "sections", "config", "atomic", "jobs", "devices", "auto_shards", "model_folder")),
     ("the shard-file contract", ("contract",)),
     ("input", ("input",)),
     ("the plan", ("balance", "plan")),

@@ -12,6 +12,7 @@ from pathlib import Path
 from shardinfer.config import Settings, plain
 from shardinfer.errors import UserError
 from shardinfer.hf.tokenizer_files import is_tokenizer_side
+from shardinfer.model_folder import model_config
 from shardinfer.tasks import engine_class
 from shardinfer.tasks.generate_params import lines_carry_parameters
 
@@ -95,7 +96,7 @@ def tokenizer_facts(model_path: str, trust_remote_code: bool) -> dict:
     folder = Path(model_path)
     files = sorted([p.name, hashlib.sha256(p.read_bytes()).hexdigest()] for p in folder.iterdir()
                    if p.is_file() and p.name != "config.json" and is_tokenizer_side(p.name, trust_remote_code))
-    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+    config = model_config(folder)  # the top level's: the composite model's own type, as before
     return {"files": files, "model_type": config.get("model_type"), "tokenizer_class": config.get("tokenizer_class"),
             "versions": [version("transformers"), version("tokenizers")]}
 
