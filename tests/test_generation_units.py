@@ -323,7 +323,7 @@ def test_a_configs_vocab_size_is_its_text_configs_as_transformers_finds_it(tmp_p
     as `get_text_config()` takes it; None without a config or a size."""
     from transformers import AutoConfig, LlavaConfig
 
-    from shardinfer.tasks.generate_params import config_vocab_size
+    from shardinfer.core.model_folder import vocab_size as config_vocab_size
 
     composite = LlavaConfig(text_config={"model_type": "llama", "vocab_size": 321}).to_dict()
     (tmp_path / "config.json").write_text(json.dumps({**composite, "vocab_size": 999}))

@@ -14,6 +14,7 @@ import struct
 from pathlib import Path
 
 from shardinfer.core.errors import UserError
+from shardinfer.core.model_folder import model_config
 
 HEAD_MODULES = ("classifier", "score")  # what sequence-classification models name their head
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -61,10 +62,7 @@ def adapter_head(adapter: str | None) -> tuple[str, int] | None:
 
 def base_label_names(model_path: str) -> list[str]:
     """The labels the model's config.json names, read as transformers does (2 generic ones when it names none)."""
-    try:
-        config = json.loads((Path(model_path) / "config.json").read_text())
-    except (OSError, ValueError) as error:
-        raise UserError(f"model.path `{model_path}`: config.json is not readable JSON ({error})") from error
+    config = model_config(model_path)  # its presence: TextTask.check_settings
     id2label = config.get("id2label")
     if id2label:
         return [str(id2label[key]) for key in sorted(id2label, key=int)]

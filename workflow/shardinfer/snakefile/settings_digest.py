@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from shardinfer.core.errors import UserError
+from shardinfer.core.model_folder import model_config
 from shardinfer.hf.tokenizer_files import is_tokenizer_side
 from shardinfer.settings.config import Settings, plain
 from shardinfer.tasks import engine_class
@@ -95,7 +96,7 @@ def tokenizer_facts(model_path: str, trust_remote_code: bool) -> dict:
     folder = Path(model_path)
     files = sorted([p.name, hashlib.sha256(p.read_bytes()).hexdigest()] for p in folder.iterdir()
                    if p.is_file() and p.name != "config.json" and is_tokenizer_side(p.name, trust_remote_code))
-    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+    config = model_config(folder)  # the top level's: the composite model's own type, as before
     return {"files": files, "model_type": config.get("model_type"), "tokenizer_class": config.get("tokenizer_class"),
             "versions": [version("transformers"), version("tokenizers")]}
 

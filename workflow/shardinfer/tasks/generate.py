@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,6 +34,7 @@ import pyarrow as pa
 
 from shardinfer.contract.shard_file import IMAGES_READ
 from shardinfer.core.errors import RowError, UserError
+from shardinfer.core.model_folder import architectures, vocab_size
 from shardinfer.hf.batching import length_sorted_batches, pad_batch
 from shardinfer.hf.tokens import TokenWindow
 from shardinfer.input.formats.openai_batch import NAME as BATCH_FORMAT
@@ -47,7 +47,6 @@ from shardinfer.tasks.generate_params import (
     PromptRows,
     RowParams,
     batch_limits,
-    config_vocab_size,
     lines_carry_parameters,
 )
 from shardinfer.tasks.generate_prompts import (
@@ -82,9 +81,9 @@ def eos_token_ids(tokenizer, configured) -> list[int]:
 
 def vocab_size_of(model: ModelSettings, loaded=None) -> int | None:
     """The token ids the model can embed: its (text) config's vocab_size, from the loaded model or,
-    for vLLM's engine, from its folder (`config_vocab_size`). A tokenizer may know more (added tokens)."""
+    for vLLM's engine, from its folder (`model_folder.vocab_size`). A tokenizer may know more (added tokens)."""
     if loaded is None:
-        return config_vocab_size(model.path)
+        return vocab_size(model.path)
     size = getattr(loaded.model.config.get_text_config(), "vocab_size", None)
     return int(size) if isinstance(size, int) else None
 
@@ -169,7 +168,7 @@ class Generate(TextTask):
                             f"most per row); got {model.max_new_tokens!r}")
         if settings.tokenize_ahead:
             raise tokenize_ahead_refused(cls.name, "tokenizes its prompts in the shard job (set tokenize.ahead: false)")
-        named = json.loads((Path(model.path) / "config.json").read_text()).get("architectures") or []
+        named = architectures(model.path)
         if not names_a_generator(named):
             raise UserError(f"model.path `{model.path}` holds {', '.join(named)}, not a causal language model "
                             "(…ForCausalLM) with a generation head; task generate needs one")

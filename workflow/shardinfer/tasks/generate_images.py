@@ -36,12 +36,11 @@ from typing import Any
 import pyarrow as pa
 
 from shardinfer.core.errors import UserError
+from shardinfer.core.model_folder import PROCESSOR_FILES, model_config, processor_config
 from shardinfer.hf.tokens import TokenWindow
 from shardinfer.input.images import decoded, input_folder, row_images
 from shardinfer.input.scan import text_values
 from shardinfer.tasks.generate_prompts import conversation_problem, with_system
-
-PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 
 
 class RowRefused(ValueError):
@@ -235,9 +234,9 @@ def image_token_estimate(model_path: str) -> int:
     over a pixel shuffle's scale_factor squared), else IMAGE_TOKENS_UNKNOWN; times the tiles an
     image-splitting processor cuts a large image into (its size over its tile size, squared, plus
     the global tile). Torch-free: read when the Snakefile loads."""
-    processor = _json(model_path, "processor_config.json") or _json(model_path, "preprocessor_config.json")
+    processor = processor_config(model_path)
     images = processor.get("image_processor") or processor
-    config = _json(model_path, "config.json")
+    config = model_config(model_path)
     vision = config.get("vision_config") or {}
     tokens = next((int(processor[key]) for key in SEQUENCE_KEYS if isinstance(processor.get(key), int)), None)
     if tokens is None and vision.get("image_size") and vision.get("patch_size"):
@@ -249,15 +248,6 @@ def image_token_estimate(model_path: str) -> int:
     if images.get("do_image_splitting") and size and tile:
         tiles = (-(-int(size) // int(tile))) ** 2 + 1
     return max(tokens or IMAGE_TOKENS_UNKNOWN, 1) * tiles
-
-
-def _json(folder: str, name: str) -> dict:
-    path = Path(folder) / name
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def has_processor(model_path: str) -> bool:

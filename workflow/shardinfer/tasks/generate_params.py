@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from shardinfer.core.model_folder import vocab_size
 from shardinfer.input.formats.openai_batch import NAME as BATCH_FORMAT
 from shardinfer.settings.config import ModelSettings, Settings
 from shardinfer.settings.schema import defaults
@@ -29,25 +29,10 @@ def lines_carry_parameters(settings: Settings) -> bool:
 def batch_limits(model: ModelSettings, section: dict) -> dict:
     """What a batch file's line may ask (`InputSettings.request_limits`, which the format checks at
     the plan): at most model.max_new_tokens tokens, logit_bias ids below the model config's
-    vocab_size (the logits' width; None when the config gives none), penalties and logit_bias on
-    the engine that varies them per row."""
-    return {"max_tokens": model.max_new_tokens, "vocab_size": config_vocab_size(model.path),
+    vocab_size (the logits' width: `model_folder.vocab_size`; None when the config gives none),
+    penalties and logit_bias on the engine that varies them per row."""
+    return {"max_tokens": model.max_new_tokens, "vocab_size": vocab_size(model.path),
             "engine": section.get("engine", defaults("generate")["engine"])}
-
-
-TEXT_CONFIGS = ("text_config", "decoder", "generator")  # where transformers' get_text_config looks first
-
-
-def config_vocab_size(model_path: str | None) -> int | None:
-    """The token ids a model folder's config says it embeds: its text config's vocab_size, as
-    transformers' `get_text_config()` finds it (a composite model's text part, else the config
-    itself), read as JSON: torch-free, for the Snakefile's load and the vLLM engine alike. None
-    where the folder has no config or the config gives none."""
-    path = Path(model_path or "", "config.json")
-    read = json.loads(path.read_text()) if path.is_file() else {}
-    text = next((read[key] for key in TEXT_CONFIGS if isinstance(read.get(key), dict)), read)
-    size = text.get("vocab_size", read.get("vocab_size"))
-    return size if isinstance(size, int) else None
 
 
 @dataclass(frozen=True)

