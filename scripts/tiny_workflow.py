@@ -1,5 +1,5 @@
 """A tiny model, an input of mixed texts and a run of the workflow, all built here (nothing is
-downloaded): what scripts/load_check.py and the tests share (tests/factory.py hands these on to them).
+downloaded): what scripts/benchmarks/load_check.py and the tests share (tests/factory.py hands these on to them).
 
 Models follow transformers' own testers: BERT with hidden size 32 and two layers, a WordPiece
 tokenizer over a small vocabulary, saved with save_pretrained like any real model directory. A run

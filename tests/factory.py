@@ -1,8 +1,8 @@
 """Inputs, settings and workflow runs for the tests. Nothing is downloaded.
 
 The classifier, the encoder and their LoRA adapters, the texts and inputs and a run of the workflow
-are scripts/tiny_workflow.py's, which scripts/load_check.py uses too: this module hands them on,
-beside the tests' own (several runs at once, inputs of other shapes, a clone of the workflow).
+are scripts/tiny_workflow.py's, which scripts/benchmarks/load_check.py uses too: this module hands
+them on, beside the tests' own (several runs at once, inputs of other shapes, a clone of the workflow).
 The tests' other tiny models (causal LMs, a cross-encoder) are built by tests/tiny_models.py.
 """
 

@@ -1,6 +1,6 @@
 """Log-probabilities from the engines into the `logprobs` column, without an engine: vLLM's flat
 container (built by vLLM's own functions) read as arrays must give exactly what the per-position
-dicts gave (the old reading, kept as the naive way in scripts/benchmark_logprobs.py), and the column
+dicts gave (the old reading, kept as the naive way in scripts/benchmarks/logprobs.py), and the column
 built from flat arrays must hold each position's token text, id and value as `generate_logprobs`
 documents them."""
 
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from benchmark_logprobs import dict_sample_logprobs, engine_logprobs
+from benchmarks.logprobs import dict_sample_logprobs, engine_logprobs
 from shardinfer.core.errors import UserError
 from shardinfer.tasks.generate_logprobs import SampleLogprobs, TokenTexts, logprobs_array
 from shardinfer.tasks.generate_params import RowParams

@@ -5,8 +5,8 @@
 
     PYTHONPATH=workflow .venv/bin/python scripts/benchmark.py --task batch-file --rows 200 --max-new-tokens 64
 
-The file: `--rows` chat completion requests, each one user message of `benchmark.prompt_texts`,
-greedy (temperature 0), max_tokens `--max-new-tokens`, for `benchmark.build_generator`'s random
+The file: `--rows` chat completion requests, each one user message of `common.prompt_texts`,
+greedy (temperature 0), max_tokens `--max-new-tokens`, for `common.build_generator`'s random
 Qwen2 (rows end at varied lengths), with a chat template added. Both run offline on this machine's
 CPU on the same model folder, with the same engine arguments (the shard job's `engine_arguments`,
 given to run-batch as its flags; run-batch keeps its default generation config, which applies the
@@ -26,20 +26,20 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import REPO
+from benchmarks.common import build_generator, prompt_texts
+
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
-REPO = Path(__file__).resolve().parents[1]
 MODEL_NAME = "bench"  # each line's body.model: run-batch answers 404 unless it is a name it serves
 
 
 def chat_model(args, work: Path) -> Path:
-    """benchmark.build_generator's model, its tokenizer given a chat template."""
+    """`build_generator`'s model, its tokenizer given a chat template."""
     from transformers import AutoTokenizer
 
-    import benchmark as bench
-
     shape = args.shape or ("qwen-cpu-gen" if args.device == "cpu" else "qwen-0.5b")
-    model_dir = bench.build_generator(shape, work / "model", args.eos_rate, args.repetition_penalty)
+    model_dir = build_generator(shape, work / "model", args.eos_rate, args.repetition_penalty)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.chat_template = TEMPLATE
     tokenizer.save_pretrained(model_dir)
@@ -48,11 +48,9 @@ def chat_model(args, work: Path) -> Path:
 
 def write_lines(path: Path, rows: int, max_tokens: int) -> list[str]:
     """The batch file; its custom_ids."""
-    import benchmark as bench
-
     ids = [f"request-{k}" for k in range(rows)]
     with open(path, "w", encoding="utf-8") as sink:
-        for custom_id, text in zip(ids, bench.prompt_texts(rows)):
+        for custom_id, text in zip(ids, prompt_texts(rows)):
             body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
                     "temperature": 0}
             sink.write(json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",

@@ -14,7 +14,7 @@ own `seconds` in summary.json): the fixed cost of every job apart from compute, 
 both sides give the same embeddings (largest absolute difference; both L2-normalised).
 
     .venv/bin/pip install sentence-transformers      # the peer; not a dependency of the workflow
-    .venv/bin/python scripts/demo_vs_sentence_transformers.py [--rows 3000 30000] [--pairs 3]
+    PYTHONPATH=workflow:scripts .venv/bin/python -m benchmarks.demo_vs_st [--rows 3000 30000] [--pairs 3]
         [--workdir /tmp/shardinfer-vs-st] [--device cpu]
 
 Nothing is downloaded. Run it on a quiet machine: the two sides take turns, never run together.
@@ -25,25 +25,21 @@ every `snakemake` start waits about 9 s on `scontrol`; the demo's install has no
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import yaml
 
+from benchmarks import REPO
+from benchmarks.timing import benchmark_row, process_seconds
 from make_demo_data import demo_rows
 from shardinfer.snakefile.configure import resolve_model_path
-
-REPO = Path(__file__).resolve().parents[1]
 
 ST_BATCH = 64
 ST_CODE = """
@@ -66,19 +62,6 @@ def write_texts(rows: int, path: Path) -> None:
             out.write(json.dumps({"id": i, "topic": row["topic"], "text": row["text"]}) + "\n")
 
 
-def timed(command: list[str], cwd: Path, env: dict | None = None) -> tuple[float, float]:
-    """Wall and CPU seconds (the process and its children) of one command, which must succeed."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if result.returncode != 0:
-        sys.exit(f"failed: {' '.join(command)}\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu
-
-
 def workflow_folder(root: Path, texts: Path) -> Path:
     """A fresh folder with the default config, its input pointed at `texts`."""
     shutil.rmtree(root, ignore_errors=True)
@@ -92,11 +75,13 @@ def workflow_folder(root: Path, texts: Path) -> Path:
 def run_workflow(root: Path, texts: Path, device: str) -> tuple[float, float]:
     folder = workflow_folder(root, texts)
     env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {})}
-    return timed([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "all"], folder, env)
+    command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "all"]
+    return process_seconds(command, folder, env)
 
 
 def run_sentence_transformers(model_dir: str, texts: Path, out: Path, device: str) -> tuple[float, float]:
-    return timed([sys.executable, "-c", ST_CODE, model_dir, str(texts), str(out), device, str(ST_BATCH)], out.parent)
+    command = [sys.executable, "-c", ST_CODE, model_dir, str(texts), str(out), device, str(ST_BATCH)]
+    return process_seconds(command, out.parent)
 
 
 def job_costs(folder: Path) -> list[tuple[str, float, float]]:
@@ -107,8 +92,7 @@ def job_costs(folder: Path) -> list[tuple[str, float, float]]:
     costs = []
     for path in sorted((folder / "logs").rglob("*.benchmark.tsv")):
         job = str(path.relative_to(folder / "logs")).removesuffix(".benchmark.tsv")
-        with path.open() as handle:
-            wall = float(next(csv.DictReader(handle, delimiter="\t"))["s"])
+        wall = float(benchmark_row(path)["s"])
         costs.append((job, wall, compute.get(job, 0.0)))
     return costs
 

@@ -5,7 +5,7 @@ processor stores them and as the shard job reads them, the old way (per-position
 sort per position, a token text looked up per position) against the current one (vLLM's flat
 lists read as reshapes, token texts as an Arrow take over the distinct ids).
 
-    PYTHONPATH=workflow .venv/bin/python scripts/benchmark_logprobs.py --rows 64 --steps 32 --k 5
+    PYTHONPATH=workflow:scripts .venv/bin/python -m benchmarks.logprobs --rows 64 --steps 32 --k 5
 
 Each part runs `--repeats` times, old and new in turn; the median counts.
 """
@@ -99,7 +99,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
-    from benchmark import byte_level_bpe
+    from benchmarks.common import byte_level_bpe
 
     tokenizer = byte_level_bpe(vocab_size=8000, pad_token="<|pad|>")
     outputs = sampler_outputs(args.rows, args.steps, args.k, len(tokenizer))

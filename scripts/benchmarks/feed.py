@@ -31,9 +31,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-import engine_counts
-from generate_variants import generating
-from paired import median_ratio
+from benchmarks import engine_counts
+from benchmarks.child import child, generating
+from benchmarks.common import bench_settings, build_generator, prompt_texts
+from benchmarks.paired import median_ratio
 from shardinfer.plan.plan_file import run_plan
 from shardinfer.settings.config import RowErrorSettings
 
@@ -52,20 +53,18 @@ def bad_copy(model_dir: Path, out: Path) -> Path:
 
 
 def bench_feed(args, work: Path) -> None:
-    import benchmark as bench
-
     shape = args.shape or ("qwen-cpu-gen" if args.device == "cpu" else "qwen-0.5b")
     rows = args.rows or 1000
-    model_dir = bad_copy(bench.build_generator(shape, work / "model", args.eos_rate, args.repetition_penalty),
+    model_dir = bad_copy(build_generator(shape, work / "model", args.eos_rate, args.repetition_penalty),
                          work / "model-bad")
-    texts = bench.prompt_texts(rows)
+    texts = prompt_texts(rows)
     bad_rows = sorted(np.random.default_rng(3).choice(rows, args.bad_rows, replace=False).tolist())
     spoiled = [f"{text} {BAD_WORD}" if row in bad_rows else text for row, text in enumerate(texts)]
     inputs = {}
     for name, values in (("good", texts), ("bad", spoiled)):
         (work / name).mkdir()
         pd.DataFrame({"id": np.arange(rows), "text": values}).to_parquet(work / name / "input.parquet")
-        settings = bench.bench_settings(model_dir, work / name / "input.parquet", args.max_length, args.max_tokens,
+        settings = bench_settings(model_dir, work / name / "input.parquet", args.max_length, args.max_tokens,
                                         "generate", args.max_new_tokens, max_rows=args.max_rows)
         settings = dataclasses.replace(settings, task_settings={"engine": "vllm", "vllm": args.vllm_args})
         run_plan(settings.input, 1, args.max_length, str(work / name / "plan.json"))
@@ -79,7 +78,7 @@ def bench_feed(args, work: Path) -> None:
     for _ in range(args.repeats):
         for name, (settings, mode) in variants.items():
             folder = work / ("bad" if settings is recording else "good")
-            runs[name].append(bench.child(mode, settings, folder, args.device, label="-" + name.replace(" ", "-")))
+            runs[name].append(child(mode, settings, folder, args.device, label="-" + name.replace(" ", "-")))
     report(runs, good, bad_rows, rows)
     in_process(good, 2 * args.repeats + 1)  # short runs: more rounds for the paired median
 

@@ -1,9 +1,10 @@
 """Scale benchmark: the whole workflow at millions of rows with a trivial model, so that what is
 measured is the pipeline (plan, scheduling, writing, gather), not inference.
 
-    .venv/bin/python scripts/scale_benchmark.py --rows 1000000 --width 384 --shards 4
-    .venv/bin/python scripts/scale_benchmark.py --rows 1000000 4000000 16000000 --width 0 --shards 2
-    .venv/bin/python scripts/scale_benchmark.py --rows 1000000 --width 384 --workflow /path/to/other/clone
+    export PYTHONPATH=workflow:scripts       # in the clone's folder
+    .venv/bin/python -m benchmarks.scale --rows 1000000 --width 384 --shards 4
+    .venv/bin/python -m benchmarks.scale --rows 1000000 4000000 16000000 --width 0 --shards 2
+    .venv/bin/python -m benchmarks.scale --rows 1000000 --width 384 --workflow /path/to/other/clone
 
 `task: custom` with a hook that returns, per row, its text's length as one int64 (`--width 0`,
 narrow) or that and `--width` random float32 values (an embedding's size). Each size runs once per
@@ -28,7 +29,6 @@ under the system's temporary folder) unless `--clean`; each size's input is made
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import shutil
 import subprocess
@@ -42,7 +42,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks import REPO
+from benchmarks.timing import benchmark_row
+
 HOOK = '''
 import numpy as np
 import pyarrow.compute as pc
@@ -94,8 +96,7 @@ def config(input_path: Path, width: int, shards: int, layout: str) -> dict:
 
 def benchmark_file(path: Path) -> dict:
     """A rule's benchmark: its job's seconds and peak memory, and when it ended (the file's mtime)."""
-    with open(path) as handle:
-        row = next(csv.DictReader(handle, delimiter="\t"))
+    row = benchmark_row(path)
     rss = float(row["max_rss"]) if row["max_rss"] not in ("", "NA") else None
     cpu = float(row["cpu_time"]) if row.get("cpu_time") not in (None, "", "NA") else None
     return {"s": float(row["s"]), "max_rss": rss, "cpu_s": cpu, "end": path.stat().st_mtime}

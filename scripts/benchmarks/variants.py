@@ -8,22 +8,21 @@ one run, each variant on the shard job (vLLM engine, and the transformers engine
 - `json`: a JSON schema (goal: at least 0.8x the rows/s once the grammar is compiled; the
   compile time, the first request with the schema less an unconstrained one, on a line of its own).
 
-Each shard job and each bare engine runs in a process of its own (`benchmark.child`); the figures
+Each shard job and each bare engine runs in a process of its own (`benchmarks.child`); the figures
 are their generating seconds (the shard job's device stage; the bare engine's `generate` call):
 the fastest of `--repeats` rounds, and the shard job against bare as the median of the rounds'
-ratios (`paired`).
+ratios (`paired`). The bare runs' SamplingParams and one-time compile are `benchmarks.bare`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-import engine_counts
-from paired import median_ratio
+from benchmarks import engine_counts
+from benchmarks.child import child, generating
+from benchmarks.paired import median_ratio
 
 SCHEMA = {"type": "object", "properties": {"label": {"enum": ["yes", "no", "maybe"]},
                                            "age": {"type": "integer", "minimum": 0, "maximum": 120},
@@ -34,48 +33,8 @@ VARIANTS = {"sampled": {}, "n4": {"n": 4}, "logprobs": {"logprobs": 5},
             "json": {"structured": {"json": SCHEMA, "whitespace": "compact"}}}
 
 
-def sampling_params(settings, eos_ids: list[int], mapped: dict, rows: int) -> list:
-    """The SamplingParams the shard job's vLLM engine builds for each row (`VllmGenerate.sampling_params`),
-    written out here as a user of bare vLLM would: n, a seed per row (row_seed), logprobs (flat, as the
-    shard job asks them: vLLM's cheaper container), schema."""
-    from vllm import SamplingParams
-    from vllm.sampling_params import StructuredOutputsParams
-
-    from shardinfer.tasks.vllm.task import row_seed
-
-    o, max_new = settings.task_settings, settings.model.max_new_tokens
-    structured = StructuredOutputsParams(json=o.structured["json"]) if o.structured else None
-    if not o.do_sample:
-        return [SamplingParams(temperature=0.0, max_tokens=max_new, detokenize=False, stop_token_ids=eos_ids,
-                               logprobs=o.logprobs, flat_logprobs=True, structured_outputs=structured, **mapped)] * rows
-    return [SamplingParams(temperature=o.temperature, top_p=o.top_p, seed=row_seed(o.seed, i), n=o.n,
-                           max_tokens=max_new, detokenize=False, stop_token_ids=eos_ids, logprobs=o.logprobs,
-                           flat_logprobs=True, structured_outputs=structured, **mapped) for i in range(rows)]
-
-
-def compile_seconds(llm, ids: list[int], params) -> float:
-    """What a feature costs once per engine, as a user meets it: short requests asking the variant's
-    schema or log-probabilities less the same requests without (vLLM caches the compiled grammar, and
-    compiles its log-probability rank count at the first step that asks one, again for the next batch
-    size: torch.compile's dynamic shapes), so the timed run after it does not pay it."""
-    from vllm import SamplingParams
-
-    plain = SamplingParams(max_tokens=2, temperature=0.0)
-    asked = SamplingParams(max_tokens=2, temperature=0.0, structured_outputs=params.structured_outputs,
-                           logprobs=params.logprobs, flat_logprobs=True)
-    llm.generate([{"prompt_token_ids": ids}], plain, use_tqdm=False)
-    first = time.perf_counter()
-    for batch in (1, 2):
-        llm.generate([{"prompt_token_ids": ids}] * batch, asked, use_tqdm=False)
-    with_feature = time.perf_counter() - first
-    started = time.perf_counter()
-    for batch in (1, 2):
-        llm.generate([{"prompt_token_ids": ids}] * batch, plain, use_tqdm=False)
-    return with_feature - (time.perf_counter() - started)
-
-
-def bench_variants(settings, work: Path, device: str, engines: list[str], vllm_args: dict, child: Callable,
-                   repeats: int = 1, names: list[str] | None = None) -> None:
+def bench_variants(settings, work: Path, device: str, engines: list[str], vllm_args: dict, repeats: int = 1,
+                   names: list[str] | None = None) -> None:
     """Every variant (or those `names`, sampled always) on each engine's shard job and on bare vLLM,
     `repeats` rounds of all of them in turn (a burst of load on a shared machine slows them alike),
     the fastest generating time of each counting; then the table and the goals."""
@@ -103,11 +62,6 @@ def settings_rows(settings) -> int:
     import pyarrow.parquet as pq
 
     return pq.ParquetFile(settings.input.path).metadata.num_rows
-
-
-def generating(run: dict) -> float:
-    """A `benchmark.child` run's generating seconds: a shard job's device stage, bare vLLM's `generate`."""
-    return run["stats"]["stages"]["device"] if "stats" in run else run["generate_s"]
 
 
 def generated_tokens(run: dict) -> int:
