@@ -24,7 +24,7 @@ def main(workdir: str, out: str) -> None:
 
     from generation_data import CHOICES, run_window, settings_of
     from shardinfer.tasks.base import LoadContext
-    from shardinfer.tasks.generate_params import RowParams
+    from shardinfer.tasks.generate.params import RowParams
     from shardinfer.tasks.vllm.task import VllmGenerate
 
     torch.set_num_threads(1)  # as the tests' shard jobs (`--set-threads infer=1`): the engine takes as many

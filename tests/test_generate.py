@@ -16,8 +16,8 @@ from shardinfer.core.errors import UserError
 from shardinfer.settings.config import BatchSettings, ModelSettings, Settings
 from shardinfer.shard.device_loop import predict_window, prepare_batches
 from shardinfer.tasks.base import LoadContext
-from shardinfer.tasks.generate import Generate
-from shardinfer.tasks.sampling import GumbelSampler
+from shardinfer.tasks.generate.sampling import GumbelSampler
+from shardinfer.tasks.generate.task import Generate
 
 MAX_LENGTH, NEW_TOKENS = 24, 10
 SAMPLING = {"do_sample": True, "temperature": 1.3, "top_p": 0.95, "seed": 7}

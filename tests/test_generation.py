@@ -103,7 +103,7 @@ def hf_task(settings):
     import torch
 
     from shardinfer.tasks.base import LoadContext
-    from shardinfer.tasks.generate import Generate
+    from shardinfer.tasks.generate.task import Generate
 
     return Generate.load(LoadContext(settings, torch.device("cpu"), torch.float32))
 

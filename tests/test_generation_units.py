@@ -19,8 +19,8 @@ from generation_data import CHOICES, SCHEMA, conversations, run_window
 from shardinfer.core.errors import UserError
 from shardinfer.settings.config import BatchSettings, InputSettings, ModelSettings
 from shardinfer.tasks.base import LoadContext
-from shardinfer.tasks.generate import Generate
-from shardinfer.tasks.generate_params import RowParams
+from shardinfer.tasks.generate.params import RowParams
+from shardinfer.tasks.generate.task import Generate
 from tiny_models import build_tiny_bytes_lm
 
 MAX_LENGTH, NEW_TOKENS = 48, 12
@@ -165,7 +165,7 @@ def test_structured_json_regex_and_choice(task):
     ('{"label":"yes"}', "eos", "schema: 'age' is a required property"),
 ])
 def test_a_row_is_valid_json_only_when_ended_on_eos_strict_and_valid(text, finish, why):
-    from shardinfer.tasks.generate_structured import Judge
+    from shardinfer.tasks.generate.structured import Judge
 
     valid, reason, parsed = Judge({"json": SCHEMA})(text, finish)
     assert not valid and reason.startswith(why) and parsed is None
@@ -173,7 +173,7 @@ def test_a_row_is_valid_json_only_when_ended_on_eos_strict_and_valid(text, finis
 
 
 def test_parsed_types_follow_the_schema():
-    from shardinfer.tasks.generate_structured import Judge, parsed_type
+    from shardinfer.tasks.generate.structured import Judge, parsed_type
 
     assert parsed_type(SCHEMA) == pa.struct([("label", pa.string()), ("age", pa.int64())])
     assert parsed_type({"type": "array", "items": {"type": ["number", "null"]}}) == pa.list_(pa.float64())
@@ -199,7 +199,7 @@ def long_conversation() -> list[dict]:
 
 
 def test_a_long_conversation_keeps_system_and_latest_whole_turns(task):
-    from shardinfer.tasks.generate_prompts import Conversations
+    from shardinfer.tasks.generate.prompts import Conversations
 
     chat = task("messages")
     renderer = Conversations(chat.tokenizer, 1000, None, "messages")

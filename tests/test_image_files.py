@@ -23,7 +23,7 @@ from shardinfer.input.image_files import (
 from shardinfer.input.images import column_images
 from shardinfer.plan.plan_file import make_plan, read_plan, run_plan, write_plan
 from shardinfer.settings.config import InputSettings
-from shardinfer.tasks.generate_images import image_limit, image_token_estimate
+from shardinfer.tasks.generate.images import image_limit, image_token_estimate
 from tiny_vlm import image_bytes
 
 

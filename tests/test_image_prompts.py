@@ -20,8 +20,8 @@ from shardinfer.core.errors import UserError
 from shardinfer.input.images import decoded, image_kind_problem, input_folder, row_images
 from shardinfer.settings.config import BatchSettings, InputSettings, ModelSettings
 from shardinfer.tasks.base import LoadContext
-from shardinfer.tasks.generate import Generate
-from shardinfer.tasks.generate_images import processor_batch
+from shardinfer.tasks.generate.images import processor_batch
+from shardinfer.tasks.generate.task import Generate
 from tiny_vlm import build_tiny_vlm, image_bytes
 
 
@@ -179,7 +179,7 @@ def test_image_values_paths_and_types(tmp_path):
 def test_what_images_need_is_refused_before_any_job(vlm, tmp_path):
     from shardinfer.input.scan import scan_input
     from shardinfer.snakefile.configure import task_inputs
-    from shardinfer.tasks.generate_images import check_image_settings
+    from shardinfer.tasks.generate.images import check_image_settings
 
     inp = {"text_column": "text", "image_column": "image", "messages_column": None}
     with pytest.raises(UserError, match=r"^input.image_column is for task generate \(vision-language models\); "
@@ -220,7 +220,7 @@ def test_decoded_images_are_rgb_whatever_their_mode(tmp_path):
 
 def test_a_row_with_more_images_than_vllm_takes_is_refused_before_the_engine(task, vlm):
     """vLLM fails a whole call on a prompt over its `limit_mm_per_prompt`: the row is refused first."""
-    from shardinfer.tasks.generate_images import ImagePrompts
+    from shardinfer.tasks.generate.images import ImagePrompts
 
     limited = settings(vlm, engine="vllm", vllm={"limit_mm_per_prompt": {"image": 1}})
     prompts = ImagePrompts(task().images.processor, limited, False, None)

@@ -145,7 +145,7 @@ def generate_model(path, max_length: int, max_new_tokens: int = 8) -> ModelSetti
 def test_a_llava_folders_max_length_is_checked_against_its_text_models_positions(tmp_path):
     """model.max_length above the nested text config's positions is refused when settings are
     checked, in one line (read at the top level alone, the check was skipped)."""
-    from shardinfer.tasks.generate import Generate
+    from shardinfer.tasks.generate.task import Generate
     from shardinfer.tasks.text import model_length_limit
 
     llava_folder(tmp_path, positions=64)

@@ -17,8 +17,8 @@ from shardinfer.core.errors import UserError
 from shardinfer.settings.config import BatchSettings, RowErrorSettings
 from shardinfer.shard.device_loop import RowErrors, predict_window, prepare_batches
 from shardinfer.tasks.base import LoadContext
-from shardinfer.tasks.generate import Generate
-from shardinfer.tasks.generate_prompts import prompt_problem
+from shardinfer.tasks.generate.prompts import prompt_problem
+from shardinfer.tasks.generate.task import Generate
 from test_generate import settings
 from tiny_models import with_unknown_tokens
 

@@ -180,7 +180,7 @@ def test_greedy_rows_equal_the_transformers_engine_one_by_one(probe, lm):
     import torch
 
     from shardinfer.tasks.base import LoadContext
-    from shardinfer.tasks.generate import Generate
+    from shardinfer.tasks.generate.task import Generate
 
     task = Generate.load(LoadContext(settings(lm), torch.device("cpu"), torch.float32))
     assert probe["greedy"] == run(task, prompt_texts(), max_rows=4)

@@ -19,8 +19,8 @@ from shardinfer.settings.config import BatchSettings, ModelSettings
 from shardinfer.snakefile.settings_digest import output_digest
 from shardinfer.tasks import engine_class, engine_devices
 from shardinfer.tasks.base import LoadContext
-from shardinfer.tasks.generate import Generate
-from shardinfer.tasks.generate_params import RowParams
+from shardinfer.tasks.generate.params import RowParams
+from shardinfer.tasks.generate.task import Generate
 from shardinfer.tasks.vllm.checks import (
     SPANS_SETTING,
     Span,
@@ -234,7 +234,7 @@ def test_row_seeds_depend_on_the_seed_and_the_global_index_only():
 @pytest.mark.parametrize("reason,stop_reason,code", [("length", None, "length"), ("stop", None, "eos"),
                                                     ("stop", 9, "eos"), ("stop", "fly", "stop")])
 def test_vllm_endings_map_to_ours(reason, stop_reason, code):
-    from shardinfer.tasks.generate_columns import FINISH
+    from shardinfer.tasks.generate.columns import FINISH
 
     assert FINISH[finish_code(reason, stop_reason, EOS, ["fly"], 5)] == code
 

@@ -24,7 +24,7 @@ def main(model: str, texts_path: str, out_path: str, unknown_tokens_model: str) 
     import torch
 
     from shardinfer.tasks.base import LoadContext
-    from shardinfer.tasks.generate import Generate
+    from shardinfer.tasks.generate.task import Generate
     from shardinfer.tasks.vllm.task import VllmGenerate
     from test_generate import run, settings
 
@@ -75,7 +75,7 @@ def with_an_empty_prompt(task) -> list:
     from shardinfer.settings.config import BatchSettings
     from shardinfer.shard.device_loop import predict_window, prepare_batches
     from shardinfer.tasks.base import Window
-    from shardinfer.tasks.generate_params import PromptRows
+    from shardinfer.tasks.generate.params import PromptRows
 
     window = Window(0, np.array([1, 4]), PromptRows([[], [2, 10, 11, 12]], [task.params] * 2))
     with torch.inference_mode():

@@ -20,8 +20,8 @@ def bare_vllm(settings: Settings, device: str) -> dict:
     uses, so that the two differ only in what the shard job adds around the engine."""
     from shardinfer.hf.models import choose_dtype, load_tokenizer
     from shardinfer.tasks.base import LoadContext
-    from shardinfer.tasks.generate import eos_token_ids
-    from shardinfer.tasks.generate_prompts import prompt_token_ids
+    from shardinfer.tasks.generate.prompts import prompt_token_ids
+    from shardinfer.tasks.generate.task import eos_token_ids
     from shardinfer.tasks.vllm.checks import generation_config_of, generation_to_vllm
     from shardinfer.tasks.vllm.engine import engine_arguments
 

@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from shardinfer.tasks.generate_logprobs import SampleLogprobs, TokenTexts, logprobs_array
+from shardinfer.tasks.generate.logprobs import SampleLogprobs, TokenTexts, logprobs_array
 from shardinfer.tasks.vllm.matching import sample_logprobs
 
 

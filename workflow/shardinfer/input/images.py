@@ -1,6 +1,6 @@
 """Images as an input column holds them (`input.image_column`): the Arrow types allowed (checked
 at the plan), a row's value as a list of images, and each image read into RGB pixels with PIL (in
-the shard's prepare stage: its own rows only). `shardinfer.tasks.generate_images` hands them to
+the shard's prepare stage: its own rows only). `shardinfer.tasks.generate.images` hands them to
 the model's processor.
 """
 

@@ -55,7 +55,7 @@ class InputSettings:
     text_columns: tuple[str, ...] | None = None
     # Those of the task's columns that hold a conversation per row (generate: input.messages_column).
     conversation_columns: tuple[str, ...] = field(default=(), metadata={ADDED: True})
-    # Those holding images per row (generate: input.image_column; shardinfer.tasks.generate_images).
+    # Those holding images per row (generate: input.image_column; shardinfer.tasks.generate.images).
     image_columns: tuple[str, ...] = field(default=(), metadata={ADDED: True})
     # What a row may ask of the run, for a format whose rows carry their own request (openai_batch:
     # `Task.request_limits`, e.g. {max_tokens, vocab_size, engine}), checked as the plan reads each line.

@@ -14,7 +14,7 @@ from shardinfer.core.model_folder import model_config
 from shardinfer.hf.tokenizer_files import is_tokenizer_side
 from shardinfer.settings.config import Settings, plain
 from shardinfer.tasks import engine_class
-from shardinfer.tasks.generate_params import lines_carry_parameters
+from shardinfer.tasks.generate.params import lines_carry_parameters
 
 
 def directory_fingerprint(path: str | None, recursive: bool = False) -> list:

@@ -12,7 +12,7 @@ import importlib
 TASKS: dict[str, str] = {
     "classify": "shardinfer.tasks.classify:Classify",
     "embed": "shardinfer.tasks.embed:Embed",
-    "generate": "shardinfer.tasks.generate:Generate",
+    "generate": "shardinfer.tasks.generate.task:Generate",
     "score": "shardinfer.tasks.score:Score",
     "token-classify": "shardinfer.tasks.token_classify:TokenClassify",
     "custom": "shardinfer.tasks.custom:Custom",

@@ -119,7 +119,7 @@ def _refused_key(body: dict) -> str | None:
 
 
 def request_of(body: dict, limits: dict) -> dict:
-    """A body's parameters in the generate task's words (`shardinfer.tasks.generate_params`), checked,
+    """A body's parameters in the generate task's words (`shardinfer.tasks.generate.params`), checked,
     against the run's `limits` too (`InputSettings.request_limits`: max_tokens, vocab_size, engine)."""
     refused = _refused_key(body)
     if refused is not None:

@@ -1,13 +1,13 @@
 """Task generate on vLLM's offline engine (`generate.engine: vllm`): continuous batching, a paged
 KV cache and prefix caching, inside the same plan, shards, atomic shard files and proof.
 
-What stays the transformers engine's (`shardinfer.tasks.generate`): the prompts, token for token
+What stays the transformers engine's (`shardinfer.tasks.generate.task`): the prompts, token for token
 (texts and conversations, chat template, system prompt, truncation to max_length), the eos ids
 (the tokenizer's and the generation_config's), each row's parameters (`RowParams`), decoding
 (special tokens skipped, cut before a stop string), the output columns and how a structured row
 is judged. What the engine gets:
 
-- **Images** (`input.image_column`, `shardinfer.tasks.generate_images`): a row's prompt ids with
+- **Images** (`input.image_column`, `shardinfer.tasks.generate.images`): a row's prompt ids with
   one image token per image and its decoded images as `multi_modal_data`, which vLLM expands
   itself; its output's prompt ids must equal the model processor's expansion, which the
   transformers engine runs.

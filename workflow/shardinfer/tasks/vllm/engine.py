@@ -12,7 +12,7 @@ import time
 from shardinfer.core.errors import UserError, first_line
 from shardinfer.settings.config import ModelSettings
 from shardinfer.tasks.base import LoadContext
-from shardinfer.tasks.generate_params import lines_carry_parameters
+from shardinfer.tasks.generate.params import lines_carry_parameters
 from shardinfer.tasks.vllm.checks import INSTALL_HINT, Span, check_lora, vllm_version
 from shardinfer.tasks.vllm.parallel import parallel_arguments, place_workers
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from shardinfer.core.errors import UserError
-from shardinfer.tasks.generate_columns import FINISH, Completion
-from shardinfer.tasks.generate_logprobs import SampleLogprobs
-from shardinfer.tasks.generate_params import RowParams
+from shardinfer.tasks.generate.columns import FINISH, Completion
+from shardinfer.tasks.generate.logprobs import SampleLogprobs
+from shardinfer.tasks.generate.params import RowParams
 
 
 def rows_results(outputs: list, ids: list, index: list[int], eos_ids: list[int], params: list[RowParams]) -> dict:

@@ -17,8 +17,8 @@ import numpy as np
 
 from shardinfer.core.errors import UserError, first_line
 from shardinfer.tasks.base import LoadContext, Window
-from shardinfer.tasks.generate import Generate
-from shardinfer.tasks.generate_params import PromptRows, RowParams
+from shardinfer.tasks.generate.params import PromptRows, RowParams
+from shardinfer.tasks.generate.task import Generate
 from shardinfer.tasks.vllm.checks import (
     SPANS_SETTING,
     Span,

@@ -24,9 +24,9 @@ import pyarrow as pa
 
 from shardinfer.contract.shard_file import OutputType
 from shardinfer.settings.config import Settings
-from shardinfer.tasks.generate_logprobs import LOGPROBS, SampleLogprobs, TokenTexts, logprobs_array, offsets
-from shardinfer.tasks.generate_params import RowParams, lines_carry_parameters
-from shardinfer.tasks.generate_structured import Judge, parsed_type
+from shardinfer.tasks.generate.logprobs import LOGPROBS, SampleLogprobs, TokenTexts, logprobs_array, offsets
+from shardinfer.tasks.generate.params import RowParams, lines_carry_parameters
+from shardinfer.tasks.generate.structured import Judge, parsed_type
 
 FINISH = ("length", "eos", "stop")  # finish codes 0, 1, 2
 # The columns at the section's defaults (n: 1, no logprobs, free text): `Generate.outputs`, the docs'

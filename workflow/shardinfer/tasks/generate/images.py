@@ -40,7 +40,7 @@ from shardinfer.core.model_folder import PROCESSOR_FILES, model_config, processo
 from shardinfer.hf.tokens import TokenWindow
 from shardinfer.input.images import decoded, input_folder, row_images
 from shardinfer.input.scan import text_values
-from shardinfer.tasks.generate_prompts import conversation_problem, with_system
+from shardinfer.tasks.generate.prompts import conversation_problem, with_system
 
 
 class RowRefused(ValueError):

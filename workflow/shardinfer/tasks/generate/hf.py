@@ -1,9 +1,9 @@
 """The transformers engine of task generate: one batch of rows with equal parameters through
-`model.generate`, n completions per row (`shardinfer.tasks.generate` describes the task).
+`model.generate`, n completions per row (`shardinfer.tasks.generate.task` describes the task).
 
 - Several samples: the prompts' KV cache is computed once and repeated n times (`HfEngine.prefill`),
   so the prompt costs what one sample costs; each sequence then draws with its row's index and its
-  sample number (`shardinfer.tasks.sampling`). A model whose cache cannot be repeated this way runs
+  sample number (`shardinfer.tasks.generate.sampling`). A model whose cache cannot be repeated this way runs
   the prompts n times instead (logged once).
 - Processors in vLLM's order: the grammar mask (`generate_structured.GrammarMask`), the
   log-probability recorder (`generate_logprobs.LogprobRecorder`), the sampler.
@@ -17,9 +17,9 @@ import numpy as np
 
 from shardinfer.core.errors import UserError
 from shardinfer.settings.config import Settings
-from shardinfer.tasks.generate_columns import FINISH, Completion
-from shardinfer.tasks.generate_logprobs import LogprobRecorder
-from shardinfer.tasks.generate_params import RowParams
+from shardinfer.tasks.generate.columns import FINISH, Completion
+from shardinfer.tasks.generate.logprobs import LogprobRecorder
+from shardinfer.tasks.generate.params import RowParams
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class HfEngine:
     def grammars(self):
         """xgrammar over the model's vocabulary, made when a row first asks for structured output."""
         if self.grammars_made is None:
-            from shardinfer.tasks.generate_structured import Grammars
+            from shardinfer.tasks.generate.structured import Grammars
 
             vocab = self.model.config.get_text_config().vocab_size
             self.grammars_made = Grammars(self.tokenizer, vocab, self.eos_ids)
@@ -150,11 +150,11 @@ class HfEngine:
 
     def processors(self, params: RowParams, index, sample, width: int, rows: int, recorder, recording) -> list:
         """The grammar mask, the log-probability recorder and the sampler, in that order (vLLM's)."""
-        from shardinfer.tasks.sampling import GumbelSampler
+        from shardinfer.tasks.generate.sampling import GumbelSampler
 
         chain = []
         if params.structured:
-            from shardinfer.tasks.generate_structured import GrammarMask
+            from shardinfer.tasks.generate.structured import GrammarMask
 
             matchers = self.grammars.matchers(params.structured, rows)
             chain.append(GrammarMask(matchers, self.grammars.vocab_size, width, recorder.finished))

@@ -13,7 +13,7 @@ vision-language model (`generate_images`: `input.image_column`, through the mode
   tokens plus `max_new_tokens`, times n (the KV cache grows with both). transformers' own
   `generate` loop runs a batch until all its rows are done.
 - **Greedy** is plain argmax; **sampling** is greedy over scores plus per-row Gumbel noise
-  (`shardinfer.tasks.sampling`), so a sample depends only on its prompt, the seed, its row's global
+  (`shardinfer.tasks.generate.sampling`), so a sample depends only on its prompt, the seed, its row's global
   index and its number. The model's own generation_config processors (e.g. a repetition penalty)
   apply as in `model.generate`; its sampling settings do not, the `generate:` section's do.
 - **Several samples** (n > 1): the batch's prompts are run through the model once, their KV cache
@@ -41,15 +41,15 @@ from shardinfer.input.formats.openai_batch import NAME as BATCH_FORMAT
 from shardinfer.settings.config import BatchSettings, ModelSettings, Settings
 from shardinfer.settings.schema import defaults
 from shardinfer.tasks.base import TaskInputs, Window, tokenize_ahead_refused
-from shardinfer.tasks.generate_checks import check_generate_section, check_positions, names_a_generator, not_a_generator
-from shardinfer.tasks.generate_columns import COLUMNS, Columns, output_fields
-from shardinfer.tasks.generate_params import (
+from shardinfer.tasks.generate.checks import check_generate_section, check_positions, names_a_generator, not_a_generator
+from shardinfer.tasks.generate.columns import COLUMNS, Columns, output_fields
+from shardinfer.tasks.generate.params import (
     PromptRows,
     RowParams,
     batch_limits,
     lines_carry_parameters,
 )
-from shardinfer.tasks.generate_prompts import (
+from shardinfer.tasks.generate.prompts import (
     Conversations,
     prompt_problem,
     prompt_token_ids,
@@ -94,7 +94,7 @@ class Generate(TextTask):
     padding_side = "left"
     tokenizes_ahead = False  # prompts go through the chat template and are cut from the left, in the shard job
     reads_conversations = True  # input.messages_column
-    reads_images = True  # input.image_column (shardinfer.tasks.generate_images)
+    reads_images = True  # input.image_column (shardinfer.tasks.generate.images)
     scored_as = "texts"  # evaluate: exact match of `generated` with the reference (shardinfer.scores.metrics)
     compared = {"texts": "generated"}
     totals = {"generated_tokens": "generated tokens/s"}
@@ -176,7 +176,7 @@ class Generate(TextTask):
         check_one_device(settings.task_settings)  # several devices: the vLLM engine's (generate.vllm)
         check_generate_section(settings)
         if settings.input.image_columns:
-            from shardinfer.tasks.generate_images import check_image_settings
+            from shardinfer.tasks.generate.images import check_image_settings
 
             check_image_settings(settings)
 
@@ -190,7 +190,7 @@ class Generate(TextTask):
         """An image costs the tokens the model's processor expands it into (estimated from its config)."""
         if not settings.input.image_columns:
             return {}
-        from shardinfer.tasks.generate_images import image_token_estimate
+        from shardinfer.tasks.generate.images import image_token_estimate
 
         return {"image_cost": image_token_estimate(settings.model.path)}
 
@@ -200,7 +200,7 @@ class Generate(TextTask):
             raise UserError(f"model.path `{self.settings.model.path}` cannot generate text for task generate: {reason}")
 
     def transformers_engine(self):
-        from shardinfer.tasks.generate_hf import HfEngine
+        from shardinfer.tasks.generate.hf import HfEngine
 
         return HfEngine(self.model, self.tokenizer, self.settings, self.eos_ids, self.pad_id, self.device)
 
@@ -219,7 +219,7 @@ class Generate(TextTask):
         """The prompts' renderer with images (`input.image_column`), or None."""
         if not settings.input.image_columns:
             return None
-        from shardinfer.tasks.generate_images import ImagePrompts, load_processor
+        from shardinfer.tasks.generate.images import ImagePrompts, load_processor
 
         return ImagePrompts(load_processor(settings), settings, self.options.chat_template, self.options.system_prompt)
 
@@ -290,7 +290,7 @@ class Generate(TextTask):
         ids = [rows.ids[p] if len(rows.ids[p]) else [self.pad_id] for p in positions]
         index = torch.from_numpy(window.first + np.asarray(positions, dtype=np.int64))
         if rows.has_images(positions[0]):  # the batch's rows all have images (`batches`)
-            from shardinfer.tasks.generate_images import processor_batch
+            from shardinfer.tasks.generate.images import processor_batch
 
             inputs = processor_batch(self.images.processor, [rows.images[p] for p in positions], ids, self.pad_id)
         else:

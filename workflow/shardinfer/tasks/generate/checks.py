@@ -1,7 +1,7 @@
 """What task generate refuses, on either engine: a model folder without a generation head (by its
 config's class names when settings are checked, by the loaded model at load), a prompt and
 max_new_tokens beyond the model's positions, and `generate:` keys that do not go together. The
-task (`shardinfer.tasks.generate`) calls them; the messages name the keys and what is allowed."""
+task (`shardinfer.tasks.generate.task`) calls them; the messages name the keys and what is allowed."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from shardinfer.core.errors import UserError
 from shardinfer.input.formats.openai_batch import NAME as BATCH_FORMAT
 from shardinfer.settings.config import ModelSettings, Settings
 from shardinfer.tasks.classify import untrained_head
-from shardinfer.tasks.generate_params import lines_carry_parameters
+from shardinfer.tasks.generate.params import lines_carry_parameters
 from shardinfer.tasks.text import model_length_limit
 
 CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel", "WithLMHead", "ForConditionalGeneration",
