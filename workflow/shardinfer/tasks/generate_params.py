@@ -38,14 +38,19 @@ def batch_limits(model: ModelSettings, section: dict) -> dict:
 TEXT_CONFIGS = ("text_config", "decoder", "generator")  # where transformers' get_text_config looks first
 
 
-def config_vocab_size(model_path: str | None) -> int | None:
-    """The token ids a model folder's config says it embeds: its text config's vocab_size, as
-    transformers' `get_text_config()` finds it (a composite model's text part, else the config
-    itself), read as JSON: torch-free, for the Snakefile's load and the vLLM engine alike. None
-    where the folder has no config or the config gives none."""
+def text_config(model_path: str | None) -> tuple[dict, dict]:
+    """A model folder's config.json and its text config, as transformers' `get_text_config()` finds
+    it (a composite model's text part, else the config itself), read as JSON: torch-free, for the
+    Snakefile's load and the engines alike. ({}, {}) where the folder has no config."""
     path = Path(model_path or "", "config.json")
     read = json.loads(path.read_text()) if path.is_file() else {}
-    text = next((read[key] for key in TEXT_CONFIGS if isinstance(read.get(key), dict)), read)
+    return read, next((read[key] for key in TEXT_CONFIGS if isinstance(read.get(key), dict)), read)
+
+
+def config_vocab_size(model_path: str | None) -> int | None:
+    """The token ids a model folder's config says it embeds: its text config's vocab_size (None
+    where the folder has no config or the config gives none)."""
+    read, text = text_config(model_path)
     size = text.get("vocab_size", read.get("vocab_size"))
     return size if isinstance(size, int) else None
 
