@@ -53,6 +53,9 @@ if vllm_missing():
 
 pytestmark = pytest.mark.e2e  # every test here reads the module's runs of the workflow
 TOLERANCE = 1e-4  # log-probabilities of the two engines, float32 on CPU (measured: at most 4.6e-5)
+# Log-probabilities of one engine under another shard count: rows that share an engine step with others
+# round differently (measured: up to 9.5e-7 between 1 and 3 shards, docs/guarantees.md)
+SHARD_TOLERANCE = 1e-5
 
 
 @pytest.fixture(scope="session")
@@ -120,7 +123,7 @@ def test_vllm_one_shard_equals_three_shards_with_every_feature(tables, probed):
     one = probed["one_window"]
     for column in ("generated", "n_prompt_tokens", "n_generated_tokens", "finish_reason", "valid", "invalid_reason"):
         assert three[column].map(as_list).tolist() == one[column].map(as_list).tolist(), column
-    assert logprob_gap(three["logprobs"], one["logprobs"]) == 0.0  # one engine, one process's kernels
+    assert logprob_gap(three["logprobs"], one["logprobs"]) <= SHARD_TOLERANCE  # other engine steps: other rounding
     assert all(len(g) == 2 for g in three["generated"])
 
 

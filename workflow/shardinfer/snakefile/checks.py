@@ -15,7 +15,7 @@ from shardinfer.core.errors import UserError
 from shardinfer.input.discovery import missing_input
 from shardinfer.input.shard_bound import check_shard_count
 from shardinfer.settings.config import InputSettings, Settings
-from shardinfer.settings.schema import parse_yaml
+from shardinfer.settings.schema import BARE_WORDS, parse_yaml
 from shardinfer.tasks import TASKS, engine_class, may_write_files, task_class
 
 INPUT_NAME = re.compile(r"[A-Za-z0-9_-]+")  # a name of `inputs`: a folder under results/ and logs/
@@ -33,7 +33,21 @@ def schema_errors(config: dict, schema_path: str) -> None:
         message = error.message
         if error.validator in ("oneOf", "anyOf"):  # jsonschema says only "not valid under any of the given schemas"
             message = f"{error.instance!r} is not allowed; give " + " or ".join(map(allowed, error.validator_value))
+        if isinstance(error.instance, bool) and wants_a_string(error):
+            message += f" ({BARE_WORDS}: quote the word, e.g. 'yes')"
         raise UserError(f"config `{key}`: {message}")
+
+
+def wants_a_string(error) -> bool:
+    """Whether the value the schema refused had to be a string (or one of some strings)."""
+    schema = error.schema if isinstance(error.schema, dict) else {}
+    alternatives = [schema, *(error.validator_value if error.validator in ("oneOf", "anyOf") else [])]
+    for node in alternatives:
+        types = node.get("type")
+        if "string" in (types if isinstance(types, list) else [types]) or any(
+                isinstance(value, str) for value in node.get("enum", [])):
+            return True
+    return False
 
 
 def allowed(schema: dict) -> str:
