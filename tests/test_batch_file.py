@@ -1,5 +1,6 @@
 """The OpenAI batch file in and out (`input.format: openai_batch`), through real `snakemake` runs on
-both engines over the tiny byte-level Llama, its output checked with the `openai` package's own types.
+both engines over the tiny byte-level Llama with a chat template that loops over content parts
+(tiny_models.PARTS_CHAT_TEMPLATE), its output checked with the `openai` package's own types.
 
 - transformers, 1 shard and 3 shards, `row_errors: record`, a line the chat template refuses: every
   output line answers its input line's custom_id, in order, each body a `ChatCompletion`, the bad
@@ -9,6 +10,8 @@ both engines over the tiny byte-level Llama, its output checked with the `openai
   lines are the transformers engine's. Three more lines on vLLM alone: a strong logit_bias forces
   its token; penalties and biases pick each token as OpenAI defines them (checked on the raw
   log-probabilities of the top 20); neutral values give the clean line.
+- A line of text parts (and a system message of one) is rendered, on both engines, with its parts
+  as they are: what `LLM.chat` gives a template over parts (tests/test_generation.py asks it).
 - The proof covers the file: gather again from the proven shards gives the same file; a shard with
   one edited text gives neither file.
 - Refusals (a custom_id twice, another url, a key that would change the output, a value out of
@@ -48,6 +51,7 @@ if vllm_missing():
 pytestmark = pytest.mark.e2e
 URL = "/v1/chat/completions"
 BAD = "request-6"  # a role the chat template refuses
+PARTS_LINE = 10  # its messages' contents given as text parts
 # Each line's own parameters (the rest: greedy, at most 4 tokens)
 OWN = {0: {"max_tokens": 2, "temperature": 0},
        1: {"n": 3, "temperature": 1.2, "seed": 3, "max_tokens": 8},
@@ -71,6 +75,10 @@ def request(i: int, **body) -> dict:
 def batch_lines(bad: bool = True) -> list[dict]:
     lines = [request(i, **OWN.get(i, {"temperature": 0, "max_tokens": 4})) for i in range(LINES)]
     lines[6]["body"]["messages"] = [{"role": "tool", "content": "a tool's answer"}]
+    lines[PARTS_LINE]["body"]["messages"] = [
+        {"role": "system", "content": [{"type": "text", "text": "be brief"}]},
+        {"role": "user", "content": [{"type": "text", "text": WORDS[10]},
+                                     {"type": "text", "text": " " + " ".join(WORDS[11:14])}]}]
     return lines if bad else [line for line in lines if line["custom_id"] != BAD]
 
 
@@ -121,16 +129,16 @@ def batch_settings(bytes_lm, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def runs(bytes_lm, tmp_path_factory) -> dict[str, Path]:
+def runs(parts_lm, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("batch-runs")
     with_bad = write_lines(root / "data" / "batch.jsonl", batch_lines())
     from transformers import AutoTokenizer
 
     good = write_lines(root / "data" / "good.jsonl",
-                       batch_lines(bad=False) + vllm_lines(AutoTokenizer.from_pretrained(bytes_lm)))
-    planned = {"hf-1": batch_config(with_bad, bytes_lm, 1, "transformers"),
-               "hf-3": batch_config(with_bad, bytes_lm, 3, "transformers"),
-               "vllm-1": batch_config(good, bytes_lm, 1, "vllm")}
+                       batch_lines(bad=False) + vllm_lines(AutoTokenizer.from_pretrained(parts_lm)))
+    planned = {"hf-1": batch_config(with_bad, parts_lm, 1, "transformers"),
+               "hf-3": batch_config(with_bad, parts_lm, 3, "transformers"),
+               "vllm-1": batch_config(good, parts_lm, 1, "vllm")}
     results = run_workflows([(root / name, config) for name, config in planned.items()])
     for result in results:
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
@@ -195,6 +203,21 @@ def test_each_line_s_own_parameters_are_honoured(runs, run):
     assert "e" not in stopped["message"]["content"]
     assert usage["request-5"]["completion_tokens"] <= 6
     assert all(usage[f"request-{i}"]["completion_tokens"] <= 4 for i in range(7, LINES))
+
+
+def test_a_line_of_text_parts_gets_its_parts_on_both_engines(runs, parts_lm):
+    """The template loops over parts: each engine's prompt is the template's own rendering of the
+    line's parts (LLM.chat's for such a template), every text in it."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(parts_lm)
+    messages = batch_lines()[PARTS_LINE]["body"]["messages"]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    words = " ".join(WORDS[10:14])
+    assert tokenizer.decode(ids) == f"<s><|system|>be brief<|end|><|user|>{words}<|end|><|assistant|>"
+    for run in ("hf-1", "vllm-1"):
+        line = next(line for line in output_of(runs[run]) if line["custom_id"] == f"request-{PARTS_LINE}")
+        assert line["response"]["body"]["usage"]["prompt_tokens"] == len(ids), run
 
 
 def test_greedy_lines_are_the_same_on_both_engines(runs):

@@ -118,6 +118,19 @@ BYTES_CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
+# BYTES_CHAT_TEMPLATE in the shape of SmolVLM's default template: it loops over each message's
+# content as parts, with no branch for a string; given text parts, it renders what BYTES_CHAT_TEMPLATE
+# renders of their texts joined.
+PARTS_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('unknown role ' + message['role']) }}{% endif %}"
+    "<|{{ message['role'] }}|>{% for part in message['content'] %}"
+    "{% if part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}<|end|>"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 
 
 def bytes_corpus(lines: int = 3000, seed: int = 0) -> list[str]:
@@ -156,6 +169,19 @@ def with_unknown_tokens(lm: Path, root: Path) -> Path:
     shutil.copytree(lm, copy)
     tokenizer = AutoTokenizer.from_pretrained(copy)
     tokenizer.add_tokens(["zebra", "yak"])
+    tokenizer.save_pretrained(copy)
+    return copy
+
+
+def with_chat_template(lm: Path, copy: Path, template: str) -> Path:
+    """A copy of a model folder whose tokenizer has `template` as its chat template."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    shutil.copytree(lm, copy)
+    tokenizer = AutoTokenizer.from_pretrained(copy)
+    tokenizer.chat_template = template
     tokenizer.save_pretrained(copy)
     return copy
 

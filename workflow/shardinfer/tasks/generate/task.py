@@ -4,9 +4,10 @@ several completions per row, with log-probabilities and structured output when a
 Settings: `model.max_new_tokens` and the `generate:` section (`shardinfer.settings.sections.GenerateSettings`).
 This module is the task and the transformers engine; what both engines share lives beside it:
 what the task refuses (`generate_checks`), the prompts (`generate_prompts`: texts and conversations,
-as token ids), each row's parameters (`generate_params`), the output columns (`generate_columns`),
-log-probabilities (`generate_logprobs`), structured output (`generate_structured`) and images for a
-vision-language model (`generate_images`: `input.image_column`, through the model's processor).
+as token ids; `chat_content`: their contents in the shape the chat template takes), each row's
+parameters (`generate_params`), the output columns (`generate_columns`), log-probabilities
+(`generate_logprobs`), structured output (`generate_structured`) and images for a vision-language
+model (`generate_images`: `input.image_column`, through the model's processor).
 `generate.engine: vllm` runs the same task on vLLM's engine (`shardinfer.tasks.vllm`).
 
 - **Batches** are left-padded and hold rows with equal parameters only; a row costs its prompt
@@ -41,6 +42,7 @@ from shardinfer.input.formats.openai_batch import NAME as BATCH_FORMAT
 from shardinfer.settings.config import BatchSettings, ModelSettings, Settings
 from shardinfer.settings.schema import defaults
 from shardinfer.tasks.base import TaskInputs, Window, tokenize_ahead_refused
+from shardinfer.tasks.generate.chat_content import content_format, template_text
 from shardinfer.tasks.generate.checks import check_generate_section, check_positions, names_a_generator, not_a_generator
 from shardinfer.tasks.generate.columns import COLUMNS, Columns, output_fields
 from shardinfer.tasks.generate.params import (
@@ -111,6 +113,9 @@ class Generate(TextTask):
         self.eos_ids = eos_token_ids(tokenizer, configured_eos)
         self.vocab_size = vocab_size_of(settings.model, loaded)
         self.max_model_len = settings.model.max_length + self.max_new_tokens
+        # The tokenizer's template's content format (`chat_content`), where a prompt goes through it.
+        templated = self.options.chat_template or settings.input.conversation_columns
+        self.form = self.content_format(template_text(tokenizer) if templated else None)
         self.conversations = self.conversation_renderer(settings)
         self.images = self.image_prompts(settings)
         self.output = Columns(tokenizer, settings)
@@ -204,13 +209,20 @@ class Generate(TextTask):
 
         return HfEngine(self.model, self.tokenizer, self.settings, self.eos_ids, self.pad_id, self.device)
 
+    @staticmethod
+    def content_format(template: str | None) -> str:
+        """The chat template's content format, by vLLM's rule read here (`chat_content`); vLLM's
+        engine asks vLLM itself."""
+        return content_format(template)
+
     def conversation_renderer(self, settings: Settings) -> Conversations | None:
         if settings.input.conversation_columns:
             refuse_without_template(self.tokenizer, settings.model.path, "input.messages_column")
             column = settings.input.conversation_columns[0]
             where = (f"input.format {BATCH_FORMAT}'s body.messages" if lines_carry_parameters(settings)
                      else f"input.messages_column `{column}`")
-            return Conversations(self.tokenizer, settings.model.max_length, self.options.system_prompt, where)
+            return Conversations(self.tokenizer, settings.model.max_length, self.options.system_prompt, where,
+                                 self.form)
         if self.options.chat_template:
             refuse_without_template(self.tokenizer, settings.model.path, "generate.chat_template")
         return None
@@ -221,7 +233,9 @@ class Generate(TextTask):
             return None
         from shardinfer.tasks.generate.images import ImagePrompts, load_processor
 
-        return ImagePrompts(load_processor(settings), settings, self.options.chat_template, self.options.system_prompt)
+        processor = load_processor(settings)
+        return ImagePrompts(processor, settings, self.options.chat_template, self.options.system_prompt,
+                            self.content_format(template_text(processor)))
 
     def prompt_rows(self, first: int, table: pa.Table) -> tuple[TokenWindow, dict[int, str]]:
         """The window's prompts as token ids, and the rows refused (position -> why)."""
@@ -230,10 +244,12 @@ class Generate(TextTask):
             return self.images.window(first, values, table.column(1).combine_chunks())
         if self.conversations is not None:
             return self.conversations.window(first, values)
-        prompts = text_prompts(self.tokenizer, values, self.null_as_empty, self.options.chat_template,
-                               self.options.system_prompt)
-        return TokenWindow(first, *prompt_token_ids(self.tokenizer, prompts, self.settings.model.max_length,
-                                                    self.options.chat_template)), {}
+        prompts, lost = text_prompts(self.tokenizer, values, self.null_as_empty, self.options.chat_template,
+                                     self.options.system_prompt, self.form)
+        key = f"input.text_column `{self.settings.input.text_column}`"
+        return (TokenWindow(first, *prompt_token_ids(self.tokenizer, prompts, self.settings.model.max_length,
+                                                     self.options.chat_template)),
+                {position: f"{key}, row {first + position}: {why}" for position, why in lost.items()})
 
     def prepare(self, first: int, table: pa.Table) -> Window:
         tokens, refused = self.prompt_rows(first, table)

@@ -17,6 +17,7 @@ import numpy as np
 
 from shardinfer.core.errors import UserError, first_line
 from shardinfer.tasks.base import LoadContext, Window
+from shardinfer.tasks.generate.chat_content import vllm_content_format
 from shardinfer.tasks.generate.params import PromptRows, RowParams
 from shardinfer.tasks.generate.task import Generate
 from shardinfer.tasks.vllm.checks import (
@@ -62,6 +63,11 @@ class VllmGenerate(Generate):
         """Task generate's checks, then the engine's: installed, and what it is handed it can take."""
         super().check_settings(settings)
         check_vllm_settings(settings.model.path, settings.model.adapter, settings.task_settings)
+
+    @staticmethod
+    def content_format(template: str | None) -> str:
+        """vLLM's own detection of the chat template's content format: what `LLM.chat` would pass."""
+        return vllm_content_format(template)
 
     @classmethod
     def devices(cls, section: dict) -> int:
