@@ -74,6 +74,6 @@ def test_generate_n_makes_a_new_plan(tmp_path, lm):
     another plan, as docs/configuration.md's "What reruns what" says."""
     from shardinfer.tasks import task_class
 
-    overhead = task_class("generate").plan_overhead
+    overhead = task_class("generate").cost.overhead
     assert overhead(checked(tmp_path, lm, {})) == 8
     assert overhead(checked(tmp_path, lm, {"n": 2, "do_sample": True})) == 16

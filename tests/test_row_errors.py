@@ -32,6 +32,7 @@ from shardinfer.shard.runtime import ShardJob
 from shardinfer.snakefile.configure import settings_from_config
 from shardinfer.snakefile.settings_digest import output_digest
 from shardinfer.tasks.base import Task, Window
+from shardinfer.tasks.traits import PlanCost
 
 CPU = torch.device("cpu")
 FAILING = {3, 17}
@@ -40,7 +41,7 @@ FAILING = {3, 17}
 class Flaky(Task):
     """Doubles each row's number; a batch holding a failing row raises, as a user's predict would."""
 
-    name, outputs, cost_unit = "flaky", {"y": "float32"}, "rows"
+    name, outputs, cost = "flaky", {"y": "float32"}, PlanCost(unit="rows")
 
     def __init__(self, failing: set[int]) -> None:
         self.failing, self.calls = failing, 0

@@ -1,9 +1,9 @@
 """The tiny random models the tests build beside tiny_workflow's classifier and encoder: causal LMs
 (a Llama over a word-level vocabulary, one over a byte-level BPE, a copy whose tokenizer knows
-words its embedding lacks), a cross-encoder for task score, and a LoRA on an encoder as shipped.
-Nothing is downloaded: each is drawn from a config with a fixed seed, so every build is the same
-model (tests/conftest.py builds the shared ones once per test run). tests/factory.py holds the
-inputs, settings and runs that use them.
+words its embedding lacks), a cross-encoder for task score, a tagger for task token-classify, and
+a LoRA on an encoder as shipped. Nothing is downloaded: each is drawn from a config with a fixed
+seed, so every build is the same model (tests/conftest.py builds the shared ones once per test
+run). tests/factory.py holds the inputs, settings and runs that use them.
 """
 
 from __future__ import annotations
@@ -24,6 +24,23 @@ def spread_weights(model, std: float = 0.5):
             if parameter.dim() == 2:
                 parameter.normal_(0.0, std)
     return model
+
+
+TAGS = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC", 5: "MISC"}  # the tagger's labels
+
+
+def build_tiny_tagger(root: Path) -> Path:
+    """A tiny BERT token classifier over WORDS for task token-classify, tagging TAGS, its weights spread
+    wide (normal(0, 0.5)) so that every tag occurs and entities of several tokens form."""
+    import torch
+    from transformers import BertForTokenClassification
+
+    path = root / "tagger"
+    torch.manual_seed(5)
+    config = bert_config(num_labels=len(TAGS), id2label=TAGS, label2id={v: k for k, v in TAGS.items()})
+    spread_weights(BertForTokenClassification(config)).save_pretrained(path)
+    save_tokenizer(path)
+    return path
 
 
 def build_tiny_cross_encoder(root: Path, num_labels: int = 1) -> Path:

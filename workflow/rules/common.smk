@@ -244,9 +244,9 @@ MODEL_COPIES = (
     MODEL_FILES.staged(SETTINGS.model.trust_remote_code) if MODEL_FILES else {}
 )
 # The cost a row adds in a batch beyond its tokens (generate: max_new_tokens), which the plan balances.
-PLAN_OVERHEAD = task_class(SETTINGS.model.task).plan_overhead(SETTINGS)
+PLAN_OVERHEAD = task_class(SETTINGS.model.task).cost.overhead(SETTINGS)
 # The tokens an image adds to its row's cost (input.image_column); no param without images.
-PLAN_IMAGE_PARAMS = task_class(SETTINGS.model.task).plan_image_params(SETTINGS)
+PLAN_IMAGE_PARAMS = task_class(SETTINGS.model.task).cost.image_params(SETTINGS)
 STARTED = time.time()  # when this Snakemake run loaded the workflow
 # The outputs an interrupted run finished that this run keeps (shardinfer.snakefile.incomplete), recorded at onstart.
 KEPT_FROM_INTERRUPTED = []

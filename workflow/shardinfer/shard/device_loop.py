@@ -157,12 +157,13 @@ def predict_splitting(task: Task, window: Window, positions: np.ndarray, batch: 
         return
     if len(positions) == 1:
         row, cost = window.first + int(positions[0]), int(window.costs[positions[0]])
-        lower = "model.max_length" if task.cost_unit == "tokens" else "what your code needs per row (model.options)"
-        raise UserError(f"row {row} ({cost} {task.cost_unit}) does not fit in device memory even alone; "
+        unit = task.cost.unit
+        lower = "model.max_length" if unit == "tokens" else "what your code needs per row (model.options)"
+        raise UserError(f"row {row} ({cost} {unit}) does not fit in device memory even alone; "
                         f"lower {lower} or use a device with more memory")
     log.warning("%s on a batch of %d rows (highest cost %d %s); splitting it in two",
                 "out of memory" if failure is None else failure.split(":")[0], len(positions),
-                int(window.costs[positions].max()), task.cost_unit)
+                int(window.costs[positions].max()), task.cost.unit)
     half = len(positions) // 2
     yield from predict_splitting(task, window, positions[:half], None, device, errors)
     yield from predict_splitting(task, window, positions[half:], None, device, errors)

@@ -161,14 +161,14 @@ def check_settings(settings: Settings, storage: bool = False) -> None:
 
 
 def check_evaluate(settings: Settings) -> None:
-    """`evaluate.label_column`: for a task with a metric (`Task.scored_as`), and a keep column, which
+    """`evaluate.label_column`: for a task with a metric (`Reporting.scored_as`), and a keep column, which
     is how it reaches gather. Reads no file: the plan's scan checks that every keep column is in
     every part (a JSONL file's columns cost a pass over it, too much for every job's start)."""
     column, inp, task = settings.evaluate.label_column, settings.input, settings.model.task
     if column is None:
         return
-    if task_class(task).scored_as is None:
-        scored = [name for name in TASKS if task_class(name).scored_as]
+    if task_class(task).reporting.scored_as is None:
+        scored = [name for name in TASKS if task_class(name).reporting.scored_as]
         raise UserError(f"evaluate is for {' and '.join(scored)}; task {task} has no metric, so leave "
                         "evaluate.label_column out (or null)")
     if column not in inp.keep_columns:

@@ -86,10 +86,10 @@ class Layout:
            tokenizer_key: str | None) -> Layout:
         """The layout of a run whose inputs share their model, task and evaluate settings."""
         settings: Settings = next(iter(inputs.values())).settings
-        task = task_class(settings.model.task)
+        reporting = task_class(settings.model.task).reporting
         scored = settings.evaluate.label_column is not None
-        wanted = {"metrics": scored, "confusion": scored and task.scored_as == "labels",
-                  "token_lengths": task.counts_tokens}
+        wanted = {"metrics": scored, "confusion": scored and reporting.scored_as == "labels",
+                  "token_lengths": reporting.counts_tokens}
         return cls(inputs, storage, storage_prefix, may_write_files(settings.model.task), tokenizer_key,
                    tuple(item.name for item in OPTIONAL_REPORTS if wanted[item.name]), settings.output.parts, scored,
                    batch_inputs(inputs, settings.output.parts))

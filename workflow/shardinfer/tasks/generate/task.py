@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -59,6 +60,7 @@ from shardinfer.tasks.generate.prompts import (
     text_prompts,
 )
 from shardinfer.tasks.text import TextTask
+from shardinfer.tasks.traits import PlanCost, Reporting
 from shardinfer.tasks.vllm.checks import check_one_device
 
 log = logging.getLogger(__name__)
@@ -90,6 +92,23 @@ def vocab_size_of(model: ModelSettings, loaded=None) -> int | None:
     return int(size) if isinstance(size, int) else None
 
 
+@dataclass(frozen=True)
+class GenerateCost(PlanCost):
+    """A row's prompt, plus what it generates and the tokens its images expand into."""
+
+    def overhead(self, settings: Settings) -> int:
+        """Each row may add max_new_tokens to its prompt in the KV cache, n times: the plan counts them too."""
+        return int(settings.model.max_new_tokens or 0) * settings.task_settings.n
+
+    def image_params(self, settings: Settings) -> dict:
+        """An image costs the tokens the model's processor expands it into (estimated from its config)."""
+        if not settings.input.image_columns:
+            return {}
+        from shardinfer.tasks.generate.images import image_token_estimate
+
+        return {"image_cost": image_token_estimate(settings.model.path)}
+
+
 class Generate(TextTask):
     name = "generate"
     auto_class = "AutoModelForCausalLM"
@@ -97,9 +116,10 @@ class Generate(TextTask):
     tokenizes_ahead = False  # prompts go through the chat template and are cut from the left, in the shard job
     reads_conversations = True  # input.messages_column
     reads_images = True  # input.image_column (shardinfer.tasks.generate.images)
-    scored_as = "texts"  # evaluate: exact match of `generated` with the reference (shardinfer.scores.metrics)
-    compared = {"texts": "generated"}
-    totals = {"generated_tokens": "generated tokens/s"}
+    cost = GenerateCost()
+    # evaluate: exact match of `generated` with the reference (shardinfer.scores.metrics)
+    reporting = Reporting(scored_as="texts", compared={"texts": "generated"},
+                          totals={"generated_tokens": "generated tokens/s"})
     outputs = COLUMNS  # at the section's defaults; `output_fields` gives the settings' own
 
     def __init__(self, loaded, tokenizer, pad_id: int, context, configured_eos=None) -> None:
@@ -184,20 +204,6 @@ class Generate(TextTask):
             from shardinfer.tasks.generate.images import check_image_settings
 
             check_image_settings(settings)
-
-    @classmethod
-    def plan_overhead(cls, settings) -> int:
-        """Each row may add max_new_tokens to its prompt in the KV cache, n times: the plan counts them too."""
-        return int(settings.model.max_new_tokens or 0) * settings.task_settings.n
-
-    @classmethod
-    def plan_image_params(cls, settings) -> dict:
-        """An image costs the tokens the model's processor expands it into (estimated from its config)."""
-        if not settings.input.image_columns:
-            return {}
-        from shardinfer.tasks.generate.images import image_token_estimate
-
-        return {"image_cost": image_token_estimate(settings.model.path)}
 
     def check(self) -> None:
         reason = not_a_generator(self.loaded)
