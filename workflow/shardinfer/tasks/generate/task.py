@@ -2,12 +2,13 @@
 several completions per row, with log-probabilities and structured output when asked.
 
 Settings: `model.max_new_tokens` and the `generate:` section (`shardinfer.settings.sections.GenerateSettings`).
-This module is the task and the transformers engine; what both engines share lives beside it:
-what the task refuses (`generate_checks`), the prompts (`generate_prompts`: texts and conversations,
-as token ids), each row's parameters (`generate_params`), the output columns (`generate_columns`),
-log-probabilities (`generate_logprobs`), structured output (`generate_structured`) and images for a
-vision-language model (`generate_images`: `input.image_column`, through the model's processor).
-`generate.engine: vllm` runs the same task on vLLM's engine (`shardinfer.tasks.vllm`).
+This module is the task and how the transformers engine runs it (`hf`: `model.generate`'s loop);
+what every engine shares lives beside it: what the task refuses (`checks`), the prompts
+(`prompts`: texts and conversations, as token ids), each row's parameters and seed (`params`), the
+output columns and finish reasons (`columns`), log-probabilities (`logprobs`), structured output
+(`structured`) and images for a vision-language model (`images`: `input.image_column`, through the
+model's processor). `generate.engine: vllm` runs the same task on vLLM's engine
+(`shardinfer.engines.vllm`), which loads the task without a transformers model.
 
 - **Batches** are left-padded and hold rows with equal parameters only; a row costs its prompt
   tokens plus `max_new_tokens`, times n (the KV cache grows with both). transformers' own
@@ -57,7 +58,6 @@ from shardinfer.tasks.generate.prompts import (
     text_prompts,
 )
 from shardinfer.tasks.text import TextTask
-from shardinfer.tasks.vllm.checks import check_one_device
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +99,7 @@ class Generate(TextTask):
     compared = {"texts": "generated"}
     totals = {"generated_tokens": "generated tokens/s"}
     outputs = COLUMNS  # at the section's defaults; `output_fields` gives the settings' own
+    engines = ("transformers", "vllm")  # generate.engine (shardinfer.engines)
 
     def __init__(self, loaded, tokenizer, pad_id: int, context, configured_eos=None) -> None:
         """`configured_eos`: the generation_config's eos id(s) when there is no loaded model to ask."""
@@ -173,7 +174,6 @@ class Generate(TextTask):
             raise UserError(f"model.path `{model.path}` holds {', '.join(named)}, not a causal language model "
                             "(…ForCausalLM) with a generation head; task generate needs one")
         check_positions(model)
-        check_one_device(settings.task_settings)  # several devices: the vLLM engine's (generate.vllm)
         check_generate_section(settings)
         if settings.input.image_columns:
             from shardinfer.tasks.generate.images import check_image_settings
@@ -195,6 +195,10 @@ class Generate(TextTask):
         return {"image_cost": image_token_estimate(settings.model.path)}
 
     def check(self) -> None:
+        """A loaded model that can generate; without one (vLLM's engine loads its own), the engine
+        refuses what it cannot load when it starts."""
+        if self.loaded is None:
+            return
         reason = not_a_generator(self.loaded)
         if reason:
             raise UserError(f"model.path `{self.settings.model.path}` cannot generate text for task generate: {reason}")
