@@ -79,7 +79,7 @@ from benchmarks.feed import bench_feed
 from benchmarks.generate import bench_generate
 from benchmarks.parallel import bench_parallel
 from benchmarks.row_errors import bench_row_errors
-from shardinfer.tasks.vllm.checks import vllm_installed
+from shardinfer.engines.vllm.checks import vllm_installed
 
 TASKS = {"classify": bench_classify, "generate": bench_generate, "row-errors": bench_row_errors,
          "parallel": bench_parallel, "vllm-feed": bench_feed, "batch-file": bench_batch_file}

@@ -88,23 +88,29 @@ def generation_config(data: Path, lm: Path, shards: int, engine: str, **options)
     return config
 
 
-def run_window(task, table: pa.Table, first: int = 0, params=None, max_rows: int = 4) -> pa.Table:
+def run_window(runner, table: pa.Table, first: int = 0, params=None, max_rows: int = 4) -> pa.Table:
     """Rows through a task as a shard job runs them (one window, its batches, the device loop), each
-    row with the task's parameters or `params` (a RowParams for every row, or one per row)."""
+    row with the task's parameters or `params` (a RowParams for every row, or one per row).
+    `runner`: the task, on the transformers engine, or an engine (vLLM's)."""
     import dataclasses
 
     import torch
 
+    from shardinfer.engines.base import Engine
+    from shardinfer.engines.transformers import Transformers
     from shardinfer.settings.config import BatchSettings
     from shardinfer.shard.device_loop import predict_window, prepare_batches
+
+    engine = runner if isinstance(runner, Engine) else Transformers(runner)
+    task = engine.task
 
     with torch.inference_mode():
         window = task.prepare(first, table)
         if params is not None:
             rows = params if isinstance(params, list) else [params] * window.rows
             window = dataclasses.replace(window, data=dataclasses.replace(window.data, params=rows))
-        prepared = prepare_batches(task, window, pa.table({}), BatchSettings(10_000, max_rows, 64))
-        results = predict_window(task, prepared, torch.device("cpu"))
+        prepared = prepare_batches(engine, window, pa.table({}), BatchSettings(10_000, max_rows, 64))
+        results = predict_window(engine, prepared, torch.device("cpu"))
         columns = task.to_arrow(results, np.arange(first, first + window.rows))
     return pa.table(columns, names=list(task.columns))
 

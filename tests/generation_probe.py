@@ -26,30 +26,31 @@ def main(workdir: str, out: str) -> None:
     import torch
 
     from generation_data import CHOICES, run_window, settings_of
+    from shardinfer.engines.vllm.generate import VllmGenerate
     from shardinfer.tasks.base import LoadContext
     from shardinfer.tasks.generate.params import RowParams
-    from shardinfer.tasks.vllm.task import VllmGenerate
+    from shardinfer.tasks.generate.task import Generate
 
     torch.set_num_threads(1)  # as the tests' shard jobs (`--set-threads infer=1`): the engine takes as many
     settings = settings_of(Path(workdir))
     table = pq.read_table(settings.input.path).select(list(settings.input.task_columns))
-    task = VllmGenerate.load(LoadContext(settings, torch.device("cpu"), torch.float32))
+    engine = VllmGenerate.load(Generate, LoadContext(settings, torch.device("cpu"), torch.float32))
     base = RowParams.of(settings)
     half = table.num_rows // 2
     tables = {
-        "one_window": run_window(task, table),
-        "n4": run_window(task, table, params=dataclasses.replace(base, n=4)),
-        "reversed": pa_concat([run_window(task, table.slice(half), half), run_window(task, table.slice(0, half))]),
-        "subset": run_window(task, table.slice(5, 4), 5),
-        "greedy": run_window(task, table, params=greedy(base)),
-        "choice": run_window(task, table, params=dataclasses.replace(base, do_sample=False, n=1, logprobs=None,
+        "one_window": run_window(engine, table),
+        "n4": run_window(engine, table, params=dataclasses.replace(base, n=4)),
+        "reversed": pa_concat([run_window(engine, table.slice(half), half), run_window(engine, table.slice(0, half))]),
+        "subset": run_window(engine, table.slice(5, 4), 5),
+        "greedy": run_window(engine, table, params=greedy(base)),
+        "choice": run_window(engine, table, params=dataclasses.replace(base, do_sample=False, n=1, logprobs=None,
                                                                       structured={"choice": CHOICES})),
-        "cut": run_window(task, table, params=dataclasses.replace(base, max_new_tokens=6)),
+        "cut": run_window(engine, table, params=dataclasses.replace(base, max_new_tokens=6)),
     }
     Path(out).mkdir(parents=True, exist_ok=True)
     for name, result in tables.items():
         pq.write_table(result, Path(out) / f"{name}.parquet")
-    (Path(out) / "chat.json").write_text(json.dumps(chat_facts(task, table)))
+    (Path(out) / "chat.json").write_text(json.dumps(chat_facts(engine, table)))
 
 
 SYSTEM = "answer in json"
@@ -60,7 +61,7 @@ LINES = [[{"role": "user", "content": "the cat sat"}],
          [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "go"}]}]]
 
 
-def chat_facts(task, table) -> dict:
+def chat_facts(engine, table) -> dict:
     """`LLM.chat`'s prompt ids (one new token each, on the task's engine) beside the task's: the rows
     that fit max_length as given (the Parquet's text parts) and as strings, TEXTS under the chat
     template with SYSTEM, and LINES as batch lines; row 1 rendered; vLLM's content formats."""
@@ -74,9 +75,10 @@ def chat_facts(task, table) -> dict:
     from shardinfer.tasks.generate.prompts import Conversations, prompt_token_ids, text_prompts
 
     def chat(conversations: list) -> list[list[int]]:
-        outputs = task.engine.chat(conversations, SamplingParams(max_tokens=1), use_tqdm=False)
+        outputs = engine.llm.chat(conversations, SamplingParams(max_tokens=1), use_tqdm=False)
         return [list(output.prompt_token_ids) for output in outputs]
 
+    task = engine.task
     window = task.prepare(0, table)
     rows = [i for i in range(window.rows) if i not in window.truncated]
     given = [table.column("messages")[i].as_py() for i in rows]

@@ -25,14 +25,15 @@ def main(workdir: str, out: str) -> None:
     from vllm import SamplingParams
 
     from generation_data import settings_of
+    from shardinfer.engines.vllm.generate import VllmGenerate
     from shardinfer.tasks.base import LoadContext
-    from shardinfer.tasks.vllm.task import VllmGenerate
+    from shardinfer.tasks.generate.task import Generate
 
     torch.set_num_threads(1)  # as the tests' shard jobs (`--set-threads infer=1`)
     settings = settings_of(Path(workdir))
     table = pq.read_table(settings.input.path)
-    task = VllmGenerate.load(LoadContext(settings, torch.device("cpu"), torch.float32))
-    window = task.prepare(0, table.select(list(settings.input.task_columns)))
+    engine = VllmGenerate.load(Generate, LoadContext(settings, torch.device("cpu"), torch.float32))
+    window = engine.task.prepare(0, table.select(list(settings.input.task_columns)))
     rows, conversations = [], []
     for i, (text, images) in enumerate(zip(table.column("text").to_pylist(), table.column("image").to_pylist())):
         if "<image>" in text or i in window.data.refused:
@@ -40,7 +41,7 @@ def main(workdir: str, out: str) -> None:
         parts = [{"type": "image_pil", "image_pil": Image.open(io.BytesIO(image)).convert("RGB")} for image in images]
         rows.append(i)
         conversations.append([{"role": "user", "content": [*parts, {"type": "text", "text": text}] if parts else text}])
-    outputs = task.engine.chat(conversations, SamplingParams(max_tokens=1), use_tqdm=False)
+    outputs = engine.llm.chat(conversations, SamplingParams(max_tokens=1), use_tqdm=False)
     Path(out).write_text(json.dumps({"rows": rows, "ours": [list(map(int, window.data.ids[i])) for i in rows],
                                      "chat": [list(output.prompt_token_ids) for output in outputs]}))
 

@@ -39,7 +39,7 @@ from generation_data import SCHEMA, settings_of
 from shardinfer.contract.shard_file import IDENTITY_KEY
 from shardinfer.core.errors import ProofError, UserError
 from shardinfer.input.scan import scan_input
-from shardinfer.tasks import engine_class
+from shardinfer.tasks import task_class
 from test_vllm import vllm_missing
 from tiny_models import build_tiny_bytes_lm
 
@@ -353,7 +353,7 @@ def test_settings_that_the_lines_give_are_refused_in_one_line(batch_settings):
     options = dataclasses.replace(settings.task_settings, n=2, do_sample=True)
     changed = dataclasses.replace(settings, task_settings=options)
     with pytest.raises(UserError, match=r"^generate.n: with input.format openai_batch each line sets its own n"):
-        engine_class(changed).check_settings(changed)
+        task_class("generate").check_settings(changed)
     vocab_size = json.loads((Path(settings.model.path) / "config.json").read_text())["vocab_size"]
     assert settings.input.request_limits == {"max_tokens": 32, "vocab_size": vocab_size, "engine": "transformers"}
 

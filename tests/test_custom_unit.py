@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from shardinfer.core.errors import UserError
+from shardinfer.engines.transformers import Transformers
 from shardinfer.shard.device_loop import CopyBack, predict_splitting
 from shardinfer.tasks.base import Window
 from shardinfer.tasks.custom import Custom
@@ -143,7 +144,8 @@ def test_a_custom_row_that_never_fits_does_not_name_max_length():
 
     task = OutOfMemory(Predictor({"v": "int64"}), context())
     window = Window(3, np.array([4]), pa.table({"x": [1]}))
-    message = refused(lambda: list(predict_splitting(task, window, np.array([0]), None, torch.device("cpu"))),
+    engine = Transformers(task)
+    message = refused(lambda: list(predict_splitting(engine, window, np.array([0]), None, torch.device("cpu"))),
                       r"row 3 \(4 cost units\) does not fit in device memory even alone; lower what your code needs")
     assert "max_length" not in message
 

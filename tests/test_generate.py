@@ -13,6 +13,8 @@ import torch
 
 from factory import WORDS, bert_config, save_tokenizer, settings_for
 from shardinfer.core.errors import UserError
+from shardinfer.engines.base import Engine
+from shardinfer.engines.transformers import Transformers
 from shardinfer.settings.config import BatchSettings, ModelSettings, Settings
 from shardinfer.shard.device_loop import predict_window, prepare_batches
 from shardinfer.tasks.base import LoadContext
@@ -54,17 +56,20 @@ def prompts() -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(n)) for n in (1, 2, 3, 5, 8, 13, 22, 4, 40, 6, 30, 11)]
 
 
-def run(task: Generate, texts: list[str], max_rows: int, first: int = 0, params=None) -> list[tuple]:
+def run(runner: Generate | Engine, texts: list[str], max_rows: int, first: int = 0, params=None) -> list[tuple]:
     """Rows through the task as a shard job runs them: one window, length-sorted batches; every row
-    with the task's parameters, or `params` (a RowParams) as a per-row input would give them."""
+    with the task's parameters, or `params` (a RowParams) as a per-row input would give them.
+    `runner`: the task, on the transformers engine, or an engine (vLLM's)."""
     import dataclasses
 
+    engine = runner if isinstance(runner, Engine) else Transformers(runner)
+    task = engine.task
     with torch.inference_mode():
         window = task.prepare(first, pa.table({"text": texts}))
         if params is not None:
             window = dataclasses.replace(window, data=dataclasses.replace(window.data, params=[params] * window.rows))
-        prepared = prepare_batches(task, window, pa.table({}), BatchSettings(10_000, max_rows, 64))
-        results = predict_window(task, prepared, torch.device("cpu"))
+        prepared = prepare_batches(engine, window, pa.table({}), BatchSettings(10_000, max_rows, 64))
+        results = predict_window(engine, prepared, torch.device("cpu"))
         columns = task.to_arrow(results, np.arange(first, first + len(texts)))
     return list(zip(*(column.to_pylist() for column in columns)))
 

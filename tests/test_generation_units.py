@@ -17,6 +17,7 @@ from conftest import made_once
 from factory import WORDS, settings_for
 from generation_data import CHOICES, SCHEMA, conversations, run_window
 from shardinfer.core.errors import UserError
+from shardinfer.engines.transformers import Transformers
 from shardinfer.settings.config import BatchSettings, InputSettings, ModelSettings
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.generate.params import RowParams
@@ -253,7 +254,8 @@ def test_a_malformed_conversation_is_a_row_error_with_record(lm):
     errors = RowErrors(0, 2)
     with torch.inference_mode():
         window = chat.prepare(0, pa.table({"messages": convs}))
-        results = predict_window(chat, prepare_batches(chat, window, pa.table({}), BatchSettings(1000, 8, 64)),
+        engine = Transformers(chat)
+        results = predict_window(engine, prepare_batches(engine, window, pa.table({}), BatchSettings(1000, 8, 64)),
                                  torch.device("cpu"), errors)
     assert list(errors.window) == [3] and "row 3: the chat template refuses it" in errors.window[3]
     assert len(results["completions"]) == 4

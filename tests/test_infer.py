@@ -18,6 +18,7 @@ import reference
 from factory import input_frame, input_settings, write_input
 from shardinfer.contract.shard_file import STATS_KEY
 from shardinfer.core.errors import UserError
+from shardinfer.engines.transformers import Transformers
 from shardinfer.plan.plan_file import read_plan, run_plan
 from shardinfer.settings.config import BatchSettings, ModelSettings, Settings
 from shardinfer.shard.device_loop import predict_window, prepare_batches
@@ -124,9 +125,10 @@ def test_out_of_memory_splits_the_batch_down_to_one_row():
             return {"n": batch}
 
     def run(lengths):
-        task = Fake()
-        prepared = prepare_batches(task, Window(100, np.array(lengths), None), pa.table({}), BatchSettings(1000, 8, 64))
-        return predict_window(task, prepared, torch.device("cpu"))
+        engine = Transformers(Fake())
+        window = Window(100, np.array(lengths), None)
+        prepared = prepare_batches(engine, window, pa.table({}), BatchSettings(1000, 8, 64))
+        return predict_window(engine, prepared, torch.device("cpu"))
 
     assert run([1, 2, 3, 4, 5, 6])["n"].tolist() == [1, 2, 3, 4, 5, 6]
     assert max(Fake.calls) == 6 and 1 in Fake.calls
@@ -145,9 +147,9 @@ def test_results_of_any_shape_come_back_in_row_order():
                     "width": torch.full((len(positions), 2), float(len(positions)))}
 
     lengths = np.array([5, 1, 4, 2, 3, 9, 1])
-    task = Ragged()
-    got = predict_window(task, prepare_batches(task, Window(0, lengths, None), pa.table({}), BatchSettings(8, 3, 64)),
-                         torch.device("cpu"))
+    engine = Transformers(Ragged())
+    prepared = prepare_batches(engine, Window(0, lengths, None), pa.table({}), BatchSettings(8, 3, 64))
+    got = predict_window(engine, prepared, torch.device("cpu"))
     assert [len(ids) for ids in got["ids"]] == list(range(7))
     assert got["text"] == [f"row {p}" for p in range(7)]
     assert got["width"].shape == (7, 2)
@@ -161,7 +163,7 @@ def test_text_batches_pad_to_their_longest_row_and_empty_rows_to_one_token(shard
     task = TextTask(SimpleNamespace(model=None), tokenizer, 0, context)
     ids = [[5, 6, 7], [], [8, 9], [4]]
     window = Window(0, np.array([max(len(i), 1) for i in ids]), ids)
-    prepared = prepare_batches(task, window, pa.table({}), BatchSettings(1000, 2, 64))
+    prepared = prepare_batches(Transformers(task), window, pa.table({}), BatchSettings(1000, 2, 64))
     for positions, inputs in prepared.batches:
         assert inputs["input_ids"].shape == (len(positions), max(max(len(ids[p]), 1) for p in positions))
         assert inputs["attention_mask"].sum(1).tolist() == [max(len(ids[p]), 1) for p in positions]

@@ -13,9 +13,9 @@ import pytest
 
 from benchmarks.logprobs import dict_sample_logprobs, engine_logprobs
 from shardinfer.core.errors import UserError
+from shardinfer.engines.vllm.matching import rows_results, sample_logprobs
 from shardinfer.tasks.generate.logprobs import SampleLogprobs, TokenTexts, logprobs_array
 from shardinfer.tasks.generate.params import RowParams
-from shardinfer.tasks.vllm.matching import rows_results, sample_logprobs
 from tiny_models import save_bytes_tokenizer
 
 

@@ -9,6 +9,7 @@ import torch
 
 from factory import LABELS, bert_config, save_lora, settings_for
 from shardinfer.core.errors import UserError
+from shardinfer.engines.transformers import Transformers
 from shardinfer.hf.models import load_tokenizer
 from shardinfer.settings.config import ModelSettings
 from shardinfer.tasks.base import LoadContext
@@ -123,7 +124,8 @@ def test_decoder_classifier_batched_equals_unbatched(models, tmp_path, padding_s
     rows = texts(40, seed=4)
     with torch.inference_mode():
         window = task.prepare(0, pa.table({"text": rows}))
-        got = predict_window(task, prepare_batches(task, window, pa.table({}), BatchSettings(256, 16, 64)),
+        engine = Transformers(task)
+        got = predict_window(engine, prepare_batches(engine, window, pa.table({}), BatchSettings(256, 16, 64)),
                              torch.device("cpu"))
         want = [torch.softmax(model(**tokenizer(t, truncation=True, max_length=32, return_tensors="pt")).logits[0], -1)
                 for t in rows]

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from shardinfer.core.errors import UserError
+from shardinfer.engines.transformers import Transformers
 from shardinfer.settings.config import BatchSettings, RowErrorSettings
 from shardinfer.shard.device_loop import RowErrors, predict_window, prepare_batches
 from shardinfer.tasks.base import LoadContext
@@ -66,12 +67,14 @@ def test_with_record_such_rows_are_errors_and_the_others_the_models_own(models):
     errors = RowErrors(0, 10)
     with torch.inference_mode():
         window = task.prepare(10, pa.table({"text": TEXTS}))
-        results = predict_window(task, prepare_batches(task, window, pa.table({}), BatchSettings(1000, 4, 64)),
+        engine = Transformers(task)
+        results = predict_window(engine, prepare_batches(engine, window, pa.table({}), BatchSettings(1000, 4, 64)),
                                  torch.device("cpu"), errors)
         good = [0, 1, 3, 5]
         rows = list(zip(*(c.to_pylist() for c in task.to_arrow(results, np.array(good) + 10))))
         reference = plain.prepare(0, pa.table({"text": [TEXTS[p] for p in good]}))
-        expected = predict_window(plain, prepare_batches(plain, reference, pa.table({}), BatchSettings(1000, 4, 64)),
+        engine = Transformers(plain)
+        expected = predict_window(engine, prepare_batches(engine, reference, pa.table({}), BatchSettings(1000, 4, 64)),
                                   torch.device("cpu"))
         expected = list(zip(*(c.to_pylist() for c in plain.to_arrow(expected, np.arange(4)))))
     assert sorted(errors.window) == [2, 4] and errors.first_rows == [12, 14]

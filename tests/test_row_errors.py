@@ -23,6 +23,7 @@ import torch
 
 from factory import REPO, read_predictions, run_workflow
 from shardinfer.core.errors import ProofError, UserError
+from shardinfer.engines.transformers import Transformers
 from shardinfer.plan.plan_file import run_plan
 from shardinfer.proof.gather import run_gather
 from shardinfer.settings.config import BatchSettings, RowErrorSettings, Settings
@@ -59,8 +60,9 @@ class Flaky(Task):
 
 def run_window(task: Task, rows: int = 32, errors: RowErrors | None = None) -> dict:
     window = Window(0, np.ones(rows, dtype=np.int64), None)
-    prepared = prepare_batches(task, window, pa.table({"k": np.arange(rows)}), BatchSettings(10_000, rows, rows))
-    return predict_window(task, prepared, CPU, errors)
+    engine = Transformers(task)
+    prepared = prepare_batches(engine, window, pa.table({"k": np.arange(rows)}), BatchSettings(10_000, rows, rows))
+    return predict_window(engine, prepared, CPU, errors)
 
 
 def test_narrowing_records_exactly_the_failing_rows_and_keeps_the_others():
@@ -263,16 +265,18 @@ def test_end_to_end_a_stopped_shard_resumes_and_the_terminal_says_which_rows_fai
 def test_record_is_taken_by_the_vllm_engine_too(causal_lm):
     """vLLM's engine loop fails a bad prompt's row alone (tests/test_vllm.py runs it)."""
     from factory import settings_for
+    from shardinfer.engines import check_engine
+    from shardinfer.engines.vllm.checks import vllm_installed
     from shardinfer.settings.config import ModelSettings
-    from shardinfer.tasks.vllm.checks import vllm_installed
-    from shardinfer.tasks.vllm.task import VllmGenerate
+    from shardinfer.tasks.generate.task import Generate
 
     if not vllm_installed():
         pytest.skip("vLLM is not installed")
     model = ModelSettings(path=str(causal_lm()), adapter=None, task="generate", max_length=24,
                           dtype="auto", trust_remote_code=False, allow_pickle=False, max_new_tokens=10)
-    VllmGenerate.check_settings(settings_for(model, task_settings={"engine": "vllm"},
-                                             row_errors=RowErrorSettings("record", 0.01)))
+    settings = settings_for(model, task_settings={"engine": "vllm"}, row_errors=RowErrorSettings("record", 0.01))
+    Generate.check_settings(settings)
+    check_engine(settings)
 
 
 def test_the_terminal_and_the_report_say_how_many_rows_failed_and_the_first():

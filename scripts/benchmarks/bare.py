@@ -10,20 +10,20 @@ import pandas as pd
 import torch
 
 from benchmarks import engine_counts
+from shardinfer.engines.vllm.engine import engine_environment
 from shardinfer.settings.config import Settings
-from shardinfer.tasks.vllm.engine import engine_environment
 
 
 def bare_vllm(settings: Settings, device: str) -> dict:
     """vLLM's own offline way: one LLM.generate call over every prompt, as token ids (the shard
     job's, built by the same function), with the engine arguments and environment the shard job
     uses, so that the two differ only in what the shard job adds around the engine."""
+    from shardinfer.engines.vllm.checks import generation_config_of, generation_to_vllm
+    from shardinfer.engines.vllm.engine import engine_arguments
     from shardinfer.hf.models import choose_dtype, load_tokenizer
     from shardinfer.tasks.base import LoadContext
     from shardinfer.tasks.generate.prompts import prompt_token_ids
     from shardinfer.tasks.generate.task import eos_token_ids
-    from shardinfer.tasks.vllm.checks import generation_config_of, generation_to_vllm
-    from shardinfer.tasks.vllm.engine import engine_arguments
 
     engine_environment()  # the shard job's: in-process engine, the same CPU threads
     engine_counts.count_schedules()
@@ -62,7 +62,7 @@ def sampling_params(settings, eos_ids: list[int], mapped: dict, rows: int) -> li
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
-    from shardinfer.tasks.vllm.task import row_seed
+    from shardinfer.tasks.generate.params import row_seed
 
     o, max_new = settings.task_settings, settings.model.max_new_tokens
     structured = StructuredOutputsParams(json=o.structured["json"]) if o.structured else None

@@ -73,11 +73,11 @@ def run_batch_flags(config: dict, device: str) -> list[str]:
     import yaml
     from snakemake.utils import validate
 
+    from shardinfer.engines.vllm.engine import engine_arguments
     from shardinfer.hf.models import choose_dtype
     from shardinfer.settings.schema import SCHEMA_PATH
     from shardinfer.snakefile.configure import settings_by_input
     from shardinfer.tasks.base import LoadContext
-    from shardinfer.tasks.vllm.engine import engine_arguments
 
     config = yaml.safe_load(yaml.safe_dump(config))
     validate(config, str(SCHEMA_PATH))

@@ -19,10 +19,10 @@ import torch
 
 from benchmarks import REPO, engine_counts
 from benchmarks.bare import bare_vllm
+from shardinfer.engines.vllm.engine import engine_environment
 from shardinfer.settings.config import Settings
 from shardinfer.shard.job import run_shard
 from shardinfer.shard.runtime import ShardJob
-from shardinfer.tasks.vllm.engine import engine_environment
 
 ENTRY = REPO / "scripts" / "benchmark.py"  # its hidden --child flags run `run_child`
 

@@ -92,30 +92,33 @@ def in_process(settings, repeats: int) -> None:
     import pyarrow as pa
     import torch
 
+    from shardinfer.engines.vllm.generate import VllmGenerate
     from shardinfer.hf.models import choose_dtype
     from shardinfer.shard.device_loop import prepare_batches
     from shardinfer.tasks.base import LoadContext
-    from shardinfer.tasks.vllm.task import VllmGenerate
+    from shardinfer.tasks.generate.task import Generate
 
     context = LoadContext(settings, torch.device("cpu"), choose_dtype(settings.model.dtype, torch.device("cpu")))
-    task = VllmGenerate.load(context)
+    engine = VllmGenerate.load(Generate, context)
+    task = engine.task
     texts = pd.read_parquet(settings.input.path)["text"].tolist()
 
     def windows(size: int) -> list:
         prepared = [task.prepare(first, pa.table({"text": texts[first:first + size]}))
                     for first in range(0, len(texts), size)]
-        return [(w, w, prepare_batches(task, w, pa.table({}), settings.batch).batches) for w in prepared]
+        return [(w, w, prepare_batches(engine, w, pa.table({}), settings.batch).batches) for w in prepared]
 
     prepared = {256: windows(256), len(texts): windows(len(texts))}
     ids = [row for _, w, _ in prepared[len(texts)] for row in w.data.ids]
 
     def fed(size: int) -> list:
         items = iter(prepared[size])
-        return [r for _, results, _ in task.feed(lambda wait: next(items, None), False) for r in results["completions"]]
+        fed_windows = engine.feed(lambda wait: next(items, None), False)
+        return [r for _, results, _ in fed_windows for r in results["completions"]]
 
     def bare() -> list:
-        params = [task.sampling_params(task.params, row) for row in range(len(ids))]
-        return task.engine.generate([{"prompt_token_ids": row} for row in ids], params, use_tqdm=False)
+        params = [engine.sampling_params(task.params, row) for row in range(len(ids))]
+        return engine.llm.generate([{"prompt_token_ids": row} for row in ids], params, use_tqdm=False)
 
     seconds = {"bare": [], "fed, windows of 256": [], "fed, one window": []}
     tokens, work = {}, {}
@@ -124,7 +127,7 @@ def in_process(settings, repeats: int) -> None:
         for _ in range(repeats):
             for name, run in (("bare", bare), ("fed, windows of 256", lambda: fed(256)),
                               ("fed, one window", lambda: fed(len(texts)))):
-                task.engine.reset_prefix_cache()
+                engine.llm.reset_prefix_cache()
                 engine_counts.reset()
                 started = time.perf_counter()
                 out = run()

@@ -20,8 +20,8 @@ import time
 import numpy as np
 import pyarrow as pa
 
+from shardinfer.engines.vllm.matching import sample_logprobs
 from shardinfer.tasks.generate.logprobs import SampleLogprobs, TokenTexts, logprobs_array
-from shardinfer.tasks.vllm.matching import sample_logprobs
 
 
 def dict_sample_logprobs(positions: list[dict], tokens: np.ndarray, k: int) -> SampleLogprobs:

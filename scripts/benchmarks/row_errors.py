@@ -41,6 +41,7 @@ class FailingRows:
 
 def bench_row_errors(args: argparse.Namespace, work: Path) -> None:
     """Predict calls (and rows predicted) beyond the planned batches per failed row, with record."""
+    from shardinfer.engines.transformers import Transformers
     from shardinfer.shard.device_loop import RowErrors, predict_window, prepare_batches
     from shardinfer.tasks.base import Window
 
@@ -52,8 +53,8 @@ def bench_row_errors(args: argparse.Namespace, work: Path) -> None:
     for rate in (0.0001, 0.001, 0.01):
         failing = set(np.random.default_rng(0).choice(rows, max(1, int(rows * rate)), replace=False).tolist())
         task, errors = FailingRows(failing), RowErrors(shard=0, cap=rows)
-        prepared = prepare_batches(task, window, None, BatchSettings(rows, batch_rows, rows))
-        predict_window(task, prepared, torch.device("cpu"), errors)
+        prepared = prepare_batches(Transformers(task), window, None, BatchSettings(rows, batch_rows, rows))
+        predict_window(Transformers(task), prepared, torch.device("cpu"), errors)
         extra, again = errors.stats()["row_error_calls"], task.rows - rows
         print(f"  {len(failing):>4} failed rows ({rate:.2%}): {len(prepared.batches)} planned calls + {extra} extra "
               f"= {extra / len(failing):.1f} extra calls and {again / len(failing):.0f} rows predicted again per "

@@ -75,7 +75,8 @@ from shardinfer.proof.verify import damage
 from shardinfer.snakefile.layout import FOLDERS, Layout, fill
 from shardinfer.snakefile.rule_params import jobs_by_input, tokenizer_key
 from shardinfer.snakefile.stored_model import HANDED_VAR
-from shardinfer.tasks import engine_devices, task_class
+from shardinfer.engines import engine_devices
+from shardinfer.tasks import task_class
 from shardinfer.report.terminal import summary_lines
 
 # Without a shared filesystem: a default storage provider (S3, ...) holds the input and every result,
@@ -116,7 +117,7 @@ def load_inputs(config):
     """Validate the config (filling defaults) and check it against the file system, once: what the
     jobs of each input take, by name (None for the one `input`: shardinfer.snakefile.rule_params), what
     `shards: auto` resolved to (None: no input uses it), without a shared filesystem the model's
-    files the main process read, and the devices one engine spans (`Task.devices`). A bad value
+    files the main process read, and the devices one engine spans (`Engine.devices`). A bad value
     is refused in one line.
     """
     try:

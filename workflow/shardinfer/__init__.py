@@ -18,6 +18,7 @@ ROOMS = (
     "plan",
     "hf",
     "tasks",
+    "engines",
     "shard",
     "scores",
     "proof",

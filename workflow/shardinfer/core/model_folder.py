@@ -87,7 +87,7 @@ def text_config(folder: str | Path | None, decoder: bool = False) -> dict:
 
 def generation_config(folder: str | Path | None) -> dict | None:
     """The folder's generation_config.json; None without one (transformers then takes the
-    generation keys of config.json: `tasks.vllm.checks.generation_config_of`)."""
+    generation keys of config.json: `engines.vllm.checks.generation_config_of`)."""
     return read_json(folder, GENERATION_CONFIG)
 
 

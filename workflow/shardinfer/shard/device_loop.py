@@ -1,5 +1,5 @@
-"""The device loop: a window's batches through the task, one batch in flight, results back in the
-rows' order whatever their shape.
+"""The device loop: a window's batches through the engine (`Engine.run`), one batch in flight,
+results back in the rows' order whatever their shape.
 
 Batches are cut by cost (length-sorted, `shardinfer.hf.batching`) and their host inputs built ahead
 in a worker. On the device thread a batch's results are collected only after the next batch is
@@ -20,8 +20,9 @@ import pyarrow as pa
 import torch
 
 from shardinfer.core.errors import RowError, UserError
+from shardinfer.engines.base import Engine
 from shardinfer.settings.config import BatchSettings
-from shardinfer.tasks.base import Task, Window
+from shardinfer.tasks.base import Window
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +36,9 @@ class Prepared:
     batches: list[tuple[np.ndarray, Any]]
 
 
-def prepare_batches(task: Task, window: Window, keep: pa.Table, batch: BatchSettings) -> Prepared:
-    planned = task.batches(window, batch)
-    return Prepared(window, keep, [(positions, task.collate(window, positions)) for positions in planned])
+def prepare_batches(engine: Engine, window: Window, keep: pa.Table, batch: BatchSettings) -> Prepared:
+    planned = engine.batches(window, batch)
+    return Prepared(window, keep, [(positions, engine.collate(window, positions)) for positions in planned])
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ def is_row_error(error: BaseException) -> bool:
     return isinstance(error, Exception) and (isinstance(error, RowError) or not isinstance(error, UserError))
 
 
-def predict_splitting(task: Task, window: Window, positions: np.ndarray, batch: Any, device: torch.device,
+def predict_splitting(engine: Engine, window: Window, positions: np.ndarray, batch: Any, device: torch.device,
                       errors: RowErrors | None = None):
     """Yield (positions, CopyBack); a batch that runs out of device memory is halved and retried.
 
@@ -138,8 +139,8 @@ def predict_splitting(task: Task, window: Window, positions: np.ndarray, batch: 
     try:
         if errors is not None:
             errors.calls += 1
-        batch = batch if batch is not None else task.collate(window, positions)
-        outputs = task.predict(batch)
+        batch = batch if batch is not None else engine.collate(window, positions)
+        outputs = engine.run(batch)
     except torch.OutOfMemoryError as error:
         outputs, failure = None, describe(error) if errors is not None else None
     except Exception as error:
@@ -155,18 +156,18 @@ def predict_splitting(task: Task, window: Window, positions: np.ndarray, batch: 
     if len(positions) == 1 and failure is not None:
         errors.record(window.first + int(positions[0]), int(positions[0]), failure)
         return
+    unit = engine.task.cost.unit
     if len(positions) == 1:
         row, cost = window.first + int(positions[0]), int(window.costs[positions[0]])
-        unit = task.cost.unit
         lower = "model.max_length" if unit == "tokens" else "what your code needs per row (model.options)"
         raise UserError(f"row {row} ({cost} {unit}) does not fit in device memory even alone; "
                         f"lower {lower} or use a device with more memory")
     log.warning("%s on a batch of %d rows (highest cost %d %s); splitting it in two",
                 "out of memory" if failure is None else failure.split(":")[0], len(positions),
-                int(window.costs[positions].max()), task.cost.unit)
+                int(window.costs[positions].max()), unit)
     half = len(positions) // 2
-    yield from predict_splitting(task, window, positions[:half], None, device, errors)
-    yield from predict_splitting(task, window, positions[half:], None, device, errors)
+    yield from predict_splitting(engine, window, positions[:half], None, device, errors)
+    yield from predict_splitting(engine, window, positions[half:], None, device, errors)
 
 
 class Collected:
@@ -205,7 +206,7 @@ def _reorder(chunks: list, inverse: np.ndarray) -> np.ndarray | list:
     return [flat[i] for i in inverse]
 
 
-def predict_window(task: Task, prepared: Prepared, device: torch.device,
+def predict_window(engine: Engine, prepared: Prepared, device: torch.device,
                    errors: RowErrors | None = None) -> dict[str, np.ndarray | list]:
     """Run one window's batches on the device; results come back in the rows' order (with `errors`,
     those of the rows that did not fail; the failed ones are in `errors.window`)."""
@@ -213,7 +214,7 @@ def predict_window(task: Task, prepared: Prepared, device: torch.device,
     for planned, batch in prepared.batches:
         if errors is not None:
             errors.planned += 1
-        for done in predict_splitting(task, prepared.window, planned, batch, device, errors):
+        for done in predict_splitting(engine, prepared.window, planned, batch, device, errors):
             if in_flight is not None:
                 collected.add(in_flight[0], in_flight[1].ready())
             in_flight = done

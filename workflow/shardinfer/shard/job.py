@@ -3,10 +3,11 @@ write atomically.
 
 Every stage but the device loop runs in a background worker (`shardinfer.shard.pipeline`), so the
 device does not wait on reading, tokenizing or building inputs when the CPU keeps up. The runner
-knows no task by name: it asks the task (`shardinfer.tasks.base`) to load, prepare, collate,
-predict and name its columns.
+knows no task or engine by name: it asks the engine (`shardinfer.engines.base`) to load the model
+and the task, to batch and run the rows, and the task (`shardinfer.tasks.base`) to prepare them
+and name its columns.
 
-Reads top to bottom like a sampling script: the job's device and task (`runtime`), the shard file's
+Reads top to bottom like a sampling script: the job's device and engine (`runtime`), the shard file's
 columns and identity (`file_layout`), the windows through the pipeline to the writer (`writer`),
 their stats (`stats`). The shard file carries the global row number in an `index` column and, in
 its metadata, the plan and settings it was made under, so gather can prove it belongs
@@ -27,6 +28,7 @@ import torch
 from shardinfer.contract.row_files import staging_folder
 from shardinfer.contract.shard_file import computed
 from shardinfer.core.errors import UserError
+from shardinfer.engines.base import NOT_YET as NOT_READY
 from shardinfer.hf.tokens import check_token_file, token_identity
 from shardinfer.hf.transformers_import import hide_sklearn_from_transformers
 from shardinfer.input.parts import windows
@@ -42,8 +44,7 @@ from shardinfer.shard.runtime import Runtime, ShardJob, lease_devices, start_run
 from shardinfer.shard.stats import Tally, WindowCost
 from shardinfer.shard.stop import Terminated, stop_on_signals
 from shardinfer.shard.writer import Writer, Written
-from shardinfer.tasks import engine_class
-from shardinfer.tasks.base import NOT_YET as NOT_READY
+from shardinfer.tasks import task_class
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ def write_shard(job: ShardJob, plan: Plan, runtime: Runtime, began: float) -> di
                            Progress(end - kept.next_row), errors is not None)
             stream_windows(pipeline, job, plan, runtime, kept.next_row, write, errors)
             tally = write.tally
-            work = tally.work_stats(resumed, task.finish(), task.reporting.totals)
+            work = tally.work_stats(resumed, runtime.engine.finish(), task.reporting.totals)
             stats = tally.stats(time.perf_counter() - started, runtime.where, runtime.dtype, **work,
                                 bound_by=pipeline.bottleneck().name, stages=pipeline.busy_seconds(),
                                 started=round(began, 3), ended=round(time.time(), 3))
@@ -108,16 +109,16 @@ def stream_windows(pipeline: Pipeline, job: ShardJob, plan: Plan, runtime: Runti
     """read → prepare (tokenize, or read token ids) → batch and build inputs run in workers, the
     device loop in this thread, and writing (`write`) in another worker; each hands on through a
     bounded queue. SIGTERM or SIGINT (`Terminated`) lets the writer commit the windows already predicted."""
-    task, columns = runtime.task, len(job.settings.input.task_columns)
+    engine, task, columns = runtime.engine, runtime.task, len(job.settings.input.task_columns)
 
     def prepare(item):
         first, task_part, keep = split_columns(item, columns)
         return task.prepare(first, task_part), keep
 
     def batch(item):
-        prepared = prepare_batches(task, *item, runtime.batch)
+        prepared = prepare_batches(engine, *item, runtime.batch)
         planned = [positions for positions, _ in prepared.batches]
-        return prepared, WindowCost.of(prepared.window, task.padded_tokens(prepared.window, planned))
+        return prepared, WindowCost.of(prepared.window, engine.padded_tokens(prepared.window, planned))
 
     prepared = pipeline.map("batch", batch, pipeline.map(task.prepare_stage, prepare, pipeline.source(
         "read", read_windows(job, plan, from_row))))
@@ -125,7 +126,7 @@ def stream_windows(pipeline: Pipeline, job: ShardJob, plan: Plan, runtime: Runti
     try:
         for window, cost, results, failed in device_results(pipeline, prepared, runtime, errors):
             pipeline.put(output, Written(window.window.first, window.keep, results, failed, cost,
-                                         errors.stats() if errors is not None else {}, task.finish()))
+                                         errors.stats() if errors is not None else {}, engine.finish()))
     except Terminated:  # commit the windows already predicted; those on the device are lost
         pipeline.finish_sink(output)
         raise
@@ -136,12 +137,12 @@ def stream_windows(pipeline: Pipeline, job: ShardJob, plan: Plan, runtime: Runti
 def device_results(pipeline: Pipeline, prepared: queue.Queue, runtime: Runtime, errors: RowErrors | None
                    ) -> Iterator[tuple[Prepared, WindowCost, dict, dict[int, str]]]:
     """Each window's results in order, with its failed rows (row_errors: record): one window at a
-    time through the device loop, or, for a task that `feeds_engine`, all windows as one stream
-    (`Task.feed`) that takes the next window without waiting while its engine has work."""
-    task = runtime.task
-    if not task.feeds_engine:
+    time through the device loop, or, for an engine that `feeds`, all windows as one stream
+    (`Engine.feed`) that takes the next window without waiting while the engine has work."""
+    engine = runtime.engine
+    if not engine.feeds:
         for window, cost in pipeline.drain("device", prepared):
-            results = predict_window(task, window, runtime.device, errors)
+            results = predict_window(engine, window, runtime.device, errors)
             yield window, cost, results, errors.take_window() if errors is not None else {}
         return
     feed = pipeline.feed("device", prepared)
@@ -156,7 +157,7 @@ def device_results(pipeline: Pipeline, prepared: queue.Queue, runtime: Runtime, 
         return (window, cost), window.window, window.batches
 
     try:
-        for (window, cost), results, failed in task.feed(take, errors is not None):
+        for (window, cost), results, failed in engine.feed(take, errors is not None):
             if errors is not None:
                 for position, message in failed.items():
                     errors.record(window.window.first + position, position, message)
@@ -170,7 +171,7 @@ def write_empty_shard(job: ShardJob, plan: Plan, began: float) -> dict:
     """A shard with no rows (more shards than rows): its file (and files folder) without loading the
     model or taking a device. Its columns are those the task's settings give (`Task.output_fields`;
     none yet for custom code, which gather allows for an empty shard)."""
-    outputs = engine_class(job.settings).output_fields(job.settings)
+    outputs = task_class(job.settings.model.task).output_fields(job.settings)
     schema, _ = shard_layout(job, plan, outputs)
     stats = Tally().stats(0.0, "none (empty shard)", None, started=round(began, 3), ended=round(time.time(), 3))
     start = plan.ranges[job.shard][0]

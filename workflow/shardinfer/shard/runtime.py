@@ -1,6 +1,6 @@
 """What a shard job is given (`ShardJob`: the infer rule's inputs, outputs and params) and what it
-runs with once started (`Runtime`): the device and precision it chose, the task loaded on them and
-the batch budget resolved for that device.
+runs with once started (`Runtime`): the device and precision it chose, the engine (and the task
+around it) loaded on them and the batch budget resolved for that device.
 """
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ from dataclasses import dataclass
 import pyarrow as pa
 import torch
 
+from shardinfer.engines import engine_of
+from shardinfer.engines.base import Engine
 from shardinfer.hf.batching import batch_budget
 from shardinfer.hf.models import choose_device, choose_dtype
 from shardinfer.settings.config import BatchSettings, Settings
 from shardinfer.shard.devices import Lease, acquire_devices, default_wait_s
-from shardinfer.tasks import engine_class
+from shardinfer.tasks import task_class
 from shardinfer.tasks.base import LoadContext, Task
 
 log = logging.getLogger(__name__)
@@ -41,18 +43,25 @@ class ShardJob:
 
 @dataclass
 class Runtime:
-    task: Task
+    engine: Engine  # what runs the rows: `engine.task` prepares them and writes their columns
     device: torch.device
     where: str
     dtype: str
     batch: BatchSettings  # batch.max_tokens resolved for this device (`auto`)
 
+    @property
+    def task(self) -> Task:
+        return self.engine.task
+
 
 def lease_devices(settings: Settings) -> Lease:
-    """This job's devices: as many as one engine of its task spans (`Task.devices`: the infer rule's
-    `resources: gpu`), leased together, or the scheduler's."""
-    engine = engine_class(settings)
+    """This job's devices: as many as its engine spans (`Engine.devices`: the infer rule's
+    `resources: gpu`), leased together, or the scheduler's; none for an engine on no device of the
+    job's (a server's)."""
+    engine = engine_of(settings)
     count = engine.devices(settings.task_settings)
+    if count == 0:
+        return Lease(visible="", source="none")
     return acquire_devices(count, wait_s=default_wait_s(), asked_by=engine.devices_setting or "the GPUs per engine")
 
 
@@ -64,7 +73,7 @@ def import_pandas_now() -> None:
 
 
 def start_runtime(job: ShardJob, lease: Lease) -> Runtime:
-    """Pick device and precision, then load the task (its model, tokenizer or the user's code)."""
+    """Pick device and precision, then load the engine and the task (its model, tokenizer or the user's code)."""
     settings = job.settings
     device = choose_device(job.threads)
     dtype = choose_dtype(settings.model.dtype, device)
@@ -77,13 +86,15 @@ def start_runtime(job: ShardJob, lease: Lease) -> Runtime:
     log.info("running on %s in %s", where, dtype)
     import_pandas_now()
     loaded_at = time.perf_counter()
-    task = engine_class(settings).load(LoadContext(settings, device, dtype, job.tokens))
+    engine = engine_of(settings).load(task_class(settings.model.task), LoadContext(settings, device, dtype, job.tokens))
     what = settings.model.path or settings.model.entrypoint
     adapter = f" + adapter {settings.model.adapter}" if settings.model.adapter else ""
-    log.info("loaded %s%s (task %s) in %.1f s", what, adapter, settings.model.task, time.perf_counter() - loaded_at)
-    budget = batch_budget(settings.batch.max_tokens, device.type == "cuda", torch.get_num_threads(), task.one_pass)
-    if not task.own_batches:
+    log.info("loaded %s%s (task %s, engine %s) in %.1f s", what, adapter, settings.model.task, engine.name,
+             time.perf_counter() - loaded_at)
+    budget = batch_budget(settings.batch.max_tokens, device.type == "cuda", torch.get_num_threads(),
+                          engine.task.one_pass)
+    if not engine.own_batches:
         log.info("batches of at most %d padded tokens (batch.max_tokens: %s) and %d rows", budget,
                  settings.batch.max_tokens, settings.batch.max_rows)
     batch = dataclasses.replace(settings.batch, max_tokens=budget)
-    return Runtime(task, device, where, str(dtype).replace("torch.", ""), batch)
+    return Runtime(engine, device, where, str(dtype).replace("torch.", ""), batch)

@@ -60,11 +60,12 @@ class AutoShards:
 
 def auto_shards(machine: Machine, gpu_threads: int, per_engine: int = 1) -> AutoShards:
     """The shards for `machine`: one per engine that runs at once, where each engine spans
-    `per_engine` devices (`Task.devices`: GPUs, or cores on CPU). With GPUs (or a cluster's nodes),
+    `per_engine` devices (`Engine.devices`: GPUs, or cores on CPU). With GPUs (or a cluster's nodes),
     each shard job keeps `gpu_threads` to feed its GPUs. Without, the cores are split between at
     most CPU_SHARDS jobs of at least `per_engine` threads: on 2 cores, two 1-thread shard jobs take
     0.8x the wall time of one 2-thread job (the demo, 3,000 texts), since each job's start-up and
     tokenizing run on a core of their own."""
+    per_engine = max(per_engine, 1)  # an engine on no device of the job's (a server's) counts as one
     each = f", {per_engine} per engine" if per_engine > 1 else ""
     if machine.gpus and (machine.visible_gpus or machine.job_slots):
         return AutoShards(min(max(1, machine.gpus // per_engine), MOST), machine.set_threads or gpu_threads,

@@ -12,11 +12,12 @@ from pathlib import Path
 
 from shardinfer.contract.shard_file import INDEX_COLUMN
 from shardinfer.core.errors import UserError
+from shardinfer.engines import check_engine
 from shardinfer.input.discovery import missing_input
 from shardinfer.input.shard_bound import check_shard_count
 from shardinfer.settings.config import InputSettings, Settings
 from shardinfer.settings.schema import BARE_WORDS, parse_yaml
-from shardinfer.tasks import TASKS, engine_class, may_write_files, task_class
+from shardinfer.tasks import TASKS, may_write_files, task_class
 
 INPUT_NAME = re.compile(r"[A-Za-z0-9_-]+")  # a name of `inputs`: a folder under results/ and logs/
 
@@ -153,11 +154,12 @@ def check_settings(settings: Settings, storage: bool = False) -> None:
     for part in () if storage else inp.files:
         if not Path(part).is_file():
             raise missing_input(part)
-    check_keep_columns(inp, (INDEX_COLUMN, *engine_class(settings).output_fields(settings)))
+    check_keep_columns(inp, (INDEX_COLUMN, *task_class(model.task).output_fields(settings)))
     check_evaluate(settings)
     if not storage:  # reads the input's row count, which only the plan job sees in storage
         check_shard_count(inp, settings.shards)
-    engine_class(settings).check_settings(settings)  # the task's own checks (`Task.check_settings`)
+    task_class(model.task).check_settings(settings)  # the task's own checks (`Task.check_settings`)
+    check_engine(settings)  # its engine's (`Engine.check_settings`)
 
 
 def check_evaluate(settings: Settings) -> None:

@@ -11,9 +11,10 @@ from pathlib import Path
 
 from shardinfer.core.errors import UserError
 from shardinfer.core.model_folder import model_config
+from shardinfer.engines import engine_of
 from shardinfer.hf.tokenizer_files import is_tokenizer_side
 from shardinfer.settings.config import Settings, plain
-from shardinfer.tasks import engine_class
+from shardinfer.tasks import task_class
 from shardinfer.tasks.generate.params import lines_carry_parameters
 
 
@@ -60,9 +61,9 @@ def output_digest(settings: Settings, model_files: tuple[list, list] | None = No
     model.adapter as the main process read them, for a job whose node lacks them (no shared
     filesystem, `shardinfer.snakefile.stored_model`); read here otherwise.
     """
-    task = engine_class(settings)
     if model_files is None:
-        model_files = (directory_fingerprint(settings.model.path, recursive=task.model_files_below),
+        below = task_class(settings.model.task).model_files_below
+        model_files = (directory_fingerprint(settings.model.path, recursive=below),
                        directory_fingerprint(settings.model.adapter))
     relevant = {
         "input": {"text_column": settings.input.text_column, "keep_columns": settings.input.keep_columns,
@@ -79,7 +80,7 @@ def output_digest(settings: Settings, model_files: tuple[list, list] | None = No
         relevant["input"]["format"] = settings.input.format
     if settings.input.image_columns:  # absent otherwise, likewise
         relevant["input"]["image_columns"] = settings.input.image_columns
-    extra = task.identity(settings)  # e.g. the vLLM engine's version
+    extra = engine_of(settings).identity(settings)  # e.g. the vLLM engine's version
     if extra:  # absent otherwise, so that the other tasks' digests stay as they were
         relevant["task"] = extra
     if settings.row_errors.record:  # an `error` column; absent with the default, digests unchanged

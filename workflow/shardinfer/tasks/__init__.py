@@ -2,7 +2,8 @@
 
 Task modules import torch only inside their methods, so planning and the config checks can read
 a task's output columns and kind without it. A task's settings live in the config section named
-after it (`embed:`, `generate:`). Adding a task is one module plus one line here.
+after it (`embed:`, `generate:`). Adding a task is one module plus one line here. What runs its
+rows is an engine (`shardinfer.engines`, the room above): a task names those that serve it.
 """
 
 from __future__ import annotations
@@ -19,12 +20,6 @@ TASKS: dict[str, str] = {
 }
 
 
-# A task run on another engine (`<task>.engine`): a subclass of the task's class in a module of its own.
-ENGINES: dict[str, dict[str, str]] = {
-    "generate": {"vllm": "shardinfer.tasks.vllm.task:VllmGenerate"},
-}
-
-
 def _class_at(spec: str) -> type:
     module, _, name = spec.partition(":")
     return getattr(importlib.import_module(module), name)
@@ -33,27 +28,6 @@ def _class_at(spec: str) -> type:
 def task_class(task: str) -> type:
     """The task's class (its module imports no torch until the task is loaded)."""
     return _class_at(TASKS[task])
-
-
-def engine_class(settings) -> type:
-    """The class that runs the settings' task: the task's own, or its subclass for the engine that
-    the task's section names (`generate.engine: vllm`)."""
-    return engine_class_of(settings.model.task, settings.task_settings)
-
-
-def engine_class_of(task: str, section: dict) -> type:
-    """`engine_class` from the task's name and its config section (before settings are built)."""
-    spec = ENGINES.get(task, {}).get(section.get("engine"))
-    return _class_at(spec) if spec else task_class(task)
-
-
-def engine_devices(config: dict) -> tuple[int, str]:
-    """The devices one engine spans for a validated config (`Task.devices`: the infer rule's GPUs),
-    and the setting that says so (`Task.devices_setting`), for messages."""
-    task = config["model"]["task"]
-    section = config.get(task) or {}
-    engine = engine_class_of(task, section)
-    return engine.devices(section), engine.devices_setting
 
 
 def output_columns(task: str) -> tuple[str, ...]:

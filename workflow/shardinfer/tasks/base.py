@@ -1,15 +1,19 @@
 """The task interface: read this first to add a task.
 
-A shard job loads the task once, streams its rows through four calls, and knows nothing else
-about the task:
+A shard job loads the task once, through the engine that runs it (`shardinfer.engines`: the
+task names those that serve it in `engines`, its default first), streams its rows through four
+calls, and knows nothing else about the task:
 
     task = Task.load(context)                  # once per job: model, tokenizer, user code...
     window = task.prepare(first, table)        # a window of input rows -> per-row costs (+ data)
     batch = task.collate(window, positions)    # rows of one batch -> host-side inputs
     results = task.predict(batch)              # -> {name: per-row values}, first axis = rows
     columns = task.to_arrow(results, index)    # the window's results, in row order -> Arrow
-    # (`task.batches(window, settings)` cuts the window; an engine that schedules rows itself
-    # takes it whole, and one that `feeds_engine` takes all the windows as one stream: `feed`)
+    # (`task.batches(window, settings)` cuts the window)
+
+`load`, `batches`, `collate` and `predict` are how the transformers engine runs the task
+(`shardinfer.engines.transformers`); another engine loads the model its own way and runs the rows
+`prepare` made (vLLM's, for generate: `shardinfer.engines.vllm`).
 
 Before any job, when the Snakefile loads, two classmethods that import no torch: `Task.inputs`
 (the columns it reads, for the plan's scan) and `Task.check_settings` (its one-line refusals).
@@ -36,7 +40,6 @@ checks import them to read their columns and settings, and stay free of torch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -48,8 +51,6 @@ from shardinfer.core.errors import UserError
 from shardinfer.hf.batching import length_sorted_batches, padded_tokens
 from shardinfer.settings.config import BatchSettings, ModelSettings, Settings
 from shardinfer.tasks.traits import PlanCost, Reporting
-
-NOT_YET = object()  # a window source's answer to `take(wait=False)` when the next window is not ready (`Task.feed`)
 
 
 @dataclass(frozen=True)
@@ -120,14 +121,8 @@ class Task:
     # One forward pass per batch (classify, embed, score), which on CPU runs fastest in small batches
     # (`batch.max_tokens: auto`, shardinfer.hf.batching.batch_budget).
     one_pass: ClassVar[bool] = False
-    # Whether its engine schedules its own batches (vLLM: a window whole), so batch.max_tokens and
-    # batch.max_rows do not apply and the shard log does not claim them.
-    own_batches: ClassVar[bool] = False
-    # The setting `devices` reads, named where too few devices are found for it ("" when none).
-    devices_setting: ClassVar[str] = ""
-    # Whether its engine takes the shard's windows as one stream (`feed`: vLLM, kept full across
-    # windows) rather than one window at a time through `predict`.
-    feeds_engine: ClassVar[bool] = False
+    # The engines that run it (`shardinfer.engines.ENGINES`), its default first: `<task>.engine` picks one.
+    engines: ClassVar[tuple[str, ...]] = ("transformers",)
 
     @classmethod
     def load(cls, context: LoadContext) -> Task:
@@ -156,22 +151,9 @@ class Task:
         (torch-free, before any job runs): each raises a one-line UserError naming the config key."""
 
     @classmethod
-    def devices(cls, section: dict) -> int:
-        """Devices one engine of this task spans, from its config section (torch-free): the infer
-        rule's `resources: gpu`, the lease's count, what `shards: auto` divides the GPUs by. One,
-        unless the engine spreads a model over several (vLLM's tensor x pipeline parallel sizes)."""
-        return 1
-
-    @classmethod
     def request_limits(cls, inp: dict, model: ModelSettings, section: dict) -> dict:
         """What a row may ask of the run, for an input whose rows carry their own request (an OpenAI
         batch file): the format checks each line against it as the plan reads it. {}: no such input."""
-        return {}
-
-    @classmethod
-    def identity(cls, settings: Settings) -> dict:
-        """What else decides this task's outputs beyond its settings (an engine's version): in the
-        shard digest. Torch-free: called when the Snakefile loads."""
         return {}
 
     def batches(self, window: Window, batch: BatchSettings) -> list[np.ndarray]:
@@ -193,14 +175,6 @@ class Task:
     def predict(self, batch: Any) -> dict[str, Any]:
         """Per-row results of one batch: tensors (left on the device; the runner copies them back
         after queuing the next batch), arrays, or lists of any values (ragged ids, strings, bytes)."""
-        raise NotImplementedError
-
-    def feed(self, take: Callable[[bool], Any], record: bool) -> Iterator[tuple[Any, dict, dict[int, str]]]:
-        """An engine that runs the shard's windows as one stream (`feeds_engine`). `take(wait)` gives
-        the next (key, window, batches as `collate` built them), NOT_YET when none is ready and
-        `wait` is false, None after the last. Yields per window, in order: (key, the results of its
-        rows that did not fail, in row order, its failed rows: position -> "Type: message"); with
-        `record` false a failed row fails the shard (a UserError naming it) instead."""
         raise NotImplementedError
 
     def to_arrow(self, results: dict[str, np.ndarray | list], index: np.ndarray) -> list[pa.Array]:

@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from shardinfer.contract.shard_file import OutputType
+from shardinfer.core.errors import UserError
 from shardinfer.settings.config import Settings
 from shardinfer.tasks.generate.logprobs import LOGPROBS, SampleLogprobs, TokenTexts, logprobs_array, offsets
 from shardinfer.tasks.generate.params import RowParams, lines_carry_parameters
@@ -58,6 +59,21 @@ class Completion:
     tokens: np.ndarray
     finish: int
     logprobs: SampleLogprobs | None = None
+
+
+def finish_code(reason: str | None, stop_reason, eos_ids: list[int], stops, row: int, engine: str) -> int:
+    """An engine's ending of a completion as ours, in the words vLLM and OpenAI's API give it:
+    `stop` by an eos token (stop_reason None: the tokenizer's, or an eos id) is eos, by one of
+    `stops` (stop_reason: the string) is stop; `length` is length; any other fails the row's shard,
+    naming the row and the `engine`."""
+    if reason == "length":
+        return FINISH.index("length")
+    if reason == "stop" and (stop_reason is None or stop_reason in eos_ids):
+        return FINISH.index("eos")
+    if reason == "stop" and stop_reason in stops:
+        return FINISH.index("stop")
+    raise UserError(f"row {row}: {engine} ended it with finish_reason {reason!r} (stop_reason {stop_reason!r}); "
+                    "only eos, length and stop are results")
 
 
 def cut_at_stop(text: str, stops) -> str:

@@ -26,7 +26,7 @@
   (`processor_batch`: its pixel values and masks beside the ids, checked equal to the row's
   expanded ids); vLLM gets the ids with one image token per image and the images as
   `multi_modal_data` (vLLM expands them itself: ids expanded already would be expanded twice), and
-  its outputs' prompt ids are checked equal to the processor's expansion (`tasks.vllm.matching`).
+  its outputs' prompt ids are checked equal to the processor's expansion (`engines.vllm.matching`).
 """
 
 from __future__ import annotations

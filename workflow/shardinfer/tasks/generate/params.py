@@ -11,6 +11,7 @@ engine batches only rows with equal parameters together (`batch_key`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 
@@ -18,6 +19,14 @@ from shardinfer.core.model_folder import vocab_size
 from shardinfer.input.formats.openai_batch import NAME as BATCH_FORMAT
 from shardinfer.settings.config import ModelSettings, Settings
 from shardinfer.settings.schema import defaults
+
+
+def row_seed(seed: int, index: int) -> int:
+    """A row's own 63-bit sampling seed from (generate.seed, its global row index), for an engine
+    that takes one seed per request (vLLM): a row's samples then depend on its prompt, the seed and
+    its index, not on the rows beside it."""
+    digest = hashlib.sha256(f"shardinfer/{int(seed)}/{int(index)}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
 
 
 def lines_carry_parameters(settings: Settings) -> bool:

@@ -2,7 +2,7 @@
 both engines; and the transformers engine's constraint, built as vLLM's xgrammar backend builds it.
 
 - **One grammar library.** vLLM is started with its xgrammar backend pinned (no silent fallback to
-  another library, `shardinfer.tasks.vllm.engine`); the transformers engine compiles the same
+  another library, `shardinfer.engines.vllm.engine`); the transformers engine compiles the same
   grammars with xgrammar (`Grammars`: a json schema with vLLM's whitespace settings, a regex, a
   choice as vLLM's EBNF) once per shard job, and masks each batch row with a matcher of its own
   (`GrammarMask`). Greedy rows are token for token vLLM's.

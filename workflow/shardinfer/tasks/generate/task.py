@@ -2,13 +2,14 @@
 several completions per row, with log-probabilities and structured output when asked.
 
 Settings: `model.max_new_tokens` and the `generate:` section (`shardinfer.settings.sections.GenerateSettings`).
-This module is the task and the transformers engine; what both engines share lives beside it:
-what the task refuses (`generate_checks`), the prompts (`generate_prompts`: texts and conversations,
-as token ids; `chat_content`: their contents in the shape the chat template takes), each row's
-parameters (`generate_params`), the output columns (`generate_columns`), log-probabilities
-(`generate_logprobs`), structured output (`generate_structured`) and images for a vision-language
-model (`generate_images`: `input.image_column`, through the model's processor).
-`generate.engine: vllm` runs the same task on vLLM's engine (`shardinfer.tasks.vllm`).
+This module is the task and how the transformers engine runs it (`hf`: `model.generate`'s loop);
+what every engine shares lives beside it: what the task refuses (`checks`), the prompts
+(`prompts`: texts and conversations, as token ids; `chat_content`: their contents in the shape the
+chat template takes), each row's parameters and seed (`params`), the
+output columns and finish reasons (`columns`), log-probabilities (`logprobs`), structured output
+(`structured`) and images for a vision-language model (`images`: `input.image_column`, through the
+model's processor). `generate.engine: vllm` runs the same task on vLLM's engine
+(`shardinfer.engines.vllm`), which loads the task without a transformers model.
 
 - **Batches** are left-padded and hold rows with equal parameters only; a row costs its prompt
   tokens plus `max_new_tokens`, times n (the KV cache grows with both). transformers' own
@@ -61,7 +62,6 @@ from shardinfer.tasks.generate.prompts import (
 )
 from shardinfer.tasks.text import TextTask
 from shardinfer.tasks.traits import PlanCost, Reporting
-from shardinfer.tasks.vllm.checks import check_one_device
 
 log = logging.getLogger(__name__)
 
@@ -121,10 +121,14 @@ class Generate(TextTask):
     reporting = Reporting(scored_as="texts", compared={"texts": "generated"},
                           totals={"generated_tokens": "generated tokens/s"})
     outputs = COLUMNS  # at the section's defaults; `output_fields` gives the settings' own
+    engines = ("transformers", "vllm")  # generate.engine (shardinfer.engines)
 
-    def __init__(self, loaded, tokenizer, pad_id: int, context, configured_eos=None) -> None:
-        """`configured_eos`: the generation_config's eos id(s) when there is no loaded model to ask."""
+    def __init__(self, loaded, tokenizer, pad_id: int, context, configured_eos=None, detect=content_format) -> None:
+        """`configured_eos`: the generation_config's eos id(s) when there is no loaded model to ask;
+        `detect`: how a chat template's content format is found (`chat_content`: vLLM's rule read here;
+        vLLM's engine hands vLLM's own)."""
         super().__init__(loaded, tokenizer, pad_id, context)
+        self.detect = detect
         settings = context.settings
         self.options, self.params = settings.task_settings, RowParams.of(settings)
         self.max_new_tokens = int(settings.model.max_new_tokens)
@@ -135,7 +139,7 @@ class Generate(TextTask):
         self.max_model_len = settings.model.max_length + self.max_new_tokens
         # The tokenizer's template's content format (`chat_content`), where a prompt goes through it.
         templated = self.options.chat_template or settings.input.conversation_columns
-        self.form = self.content_format(template_text(tokenizer) if templated else None)
+        self.form = self.detect(template_text(tokenizer) if templated else None)
         self.conversations = self.conversation_renderer(settings)
         self.images = self.image_prompts(settings)
         self.output = Columns(tokenizer, settings)
@@ -198,7 +202,6 @@ class Generate(TextTask):
             raise UserError(f"model.path `{model.path}` holds {', '.join(named)}, not a causal language model "
                             "(…ForCausalLM) with a generation head; task generate needs one")
         check_positions(model)
-        check_one_device(settings.task_settings)  # several devices: the vLLM engine's (generate.vllm)
         check_generate_section(settings)
         if settings.input.image_columns:
             from shardinfer.tasks.generate.images import check_image_settings
@@ -206,6 +209,10 @@ class Generate(TextTask):
             check_image_settings(settings)
 
     def check(self) -> None:
+        """A loaded model that can generate; without one (vLLM's engine loads its own), the engine
+        refuses what it cannot load when it starts."""
+        if self.loaded is None:
+            return
         reason = not_a_generator(self.loaded)
         if reason:
             raise UserError(f"model.path `{self.settings.model.path}` cannot generate text for task generate: {reason}")
@@ -214,12 +221,6 @@ class Generate(TextTask):
         from shardinfer.tasks.generate.hf import HfEngine
 
         return HfEngine(self.model, self.tokenizer, self.settings, self.eos_ids, self.pad_id, self.device)
-
-    @staticmethod
-    def content_format(template: str | None) -> str:
-        """The chat template's content format, by vLLM's rule read here (`chat_content`); vLLM's
-        engine asks vLLM itself."""
-        return content_format(template)
 
     def conversation_renderer(self, settings: Settings) -> Conversations | None:
         if settings.input.conversation_columns:
@@ -241,7 +242,7 @@ class Generate(TextTask):
 
         processor = load_processor(settings)
         return ImagePrompts(processor, settings, self.options.chat_template, self.options.system_prompt,
-                            self.content_format(template_text(processor)))
+                            self.detect(template_text(processor)))
 
     def prompt_rows(self, first: int, table: pa.Table) -> tuple[TokenWindow, dict[int, str]]:
         """The window's prompts as token ids, and the rows refused (position -> why)."""

@@ -1,5 +1,5 @@
 """The engine's outputs as the task's results, each checked against its row (the engine loop,
-`shardinfer.tasks.vllm.feeder`, matched them to their rows by request id, none missing or twice):
+`shardinfer.engines.vllm.feeder`, matched them to their rows by request id, none missing or twice):
 the prompt ids that were sent, the n completions asked (indices 0..n-1), each ended by eos, length
 or stop. Any other answer fails the shard in one line naming the row. Log-probabilities are read
 into the shape both engines give (`generate_logprobs.SampleLogprobs`).
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from shardinfer.core.errors import UserError
-from shardinfer.tasks.generate.columns import FINISH, Completion
+from shardinfer.tasks.generate.columns import Completion, finish_code
 from shardinfer.tasks.generate.logprobs import SampleLogprobs
 from shardinfer.tasks.generate.params import RowParams
 
@@ -41,7 +41,7 @@ def row_completions(outputs: list, params: RowParams, eos_ids: list[int], row: i
     found = []
     for completion in sorted(outputs, key=lambda c: c.index):
         tokens = np.asarray(completion.token_ids, dtype=np.int64)
-        finish = finish_code(completion.finish_reason, completion.stop_reason, eos_ids, params.stop, row)
+        finish = finish_code(completion.finish_reason, completion.stop_reason, eos_ids, params.stop, row, "vLLM")
         asked = params.logprobs is not None
         logprobs = sample_logprobs(completion.logprobs, tokens, params.logprobs, row) if asked else None
         found.append(Completion(tokens, finish, logprobs))
@@ -66,16 +66,3 @@ def sample_logprobs(positions, tokens: np.ndarray, k: int, row: int) -> SampleLo
     if not np.array_equal(ids[:, 0], tokens):
         raise UserError(f"row {row}: vLLM returned log-probabilities of other tokens than it generated")
     return SampleLogprobs(values[:, 0].copy(), ids[:, 1:].astype(np.int32), values[:, 1:].copy())
-
-
-def finish_code(reason: str | None, stop_reason, eos_ids: list[int], stops, row: int) -> int:
-    """vLLM's ending as ours: `stop` by an eos token (stop_reason None: the tokenizer's, or an eos id)
-    is eos, by one of `stops` (stop_reason: the string) is stop; `length` is length; any other fails."""
-    if reason == "length":
-        return FINISH.index("length")
-    if reason == "stop" and (stop_reason is None or stop_reason in eos_ids):
-        return FINISH.index("eos")
-    if reason == "stop" and stop_reason in stops:
-        return FINISH.index("stop")
-    raise UserError(f"row {row}: vLLM ended it with finish_reason {reason!r} (stop_reason {stop_reason!r}); "
-                    "only eos, length and stop are results")

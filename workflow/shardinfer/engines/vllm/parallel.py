@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 
 from shardinfer.core.errors import UserError
-from shardinfer.tasks.vllm.checks import SPANS_SETTING, Span
+from shardinfer.engines.vllm.checks import SPANS_SETTING, Span
 
 BIND_VAR = "VLLM_CPU_OMP_THREADS_BIND"
 

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardinfer.core.errors import UserError, first_line
-from shardinfer.tasks.base import NOT_YET
-from shardinfer.tasks.vllm.matching import engine_refused, rows_results
+from shardinfer.engines.base import NOT_YET
+from shardinfer.engines.vllm.matching import engine_refused, rows_results
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +91,8 @@ def describe(error: BaseException) -> str:
 class Feeder:
     """The loop; `run` yields (key, results of the rows that did not fail, in row order, failed)."""
 
-    def __init__(self, task, record: bool) -> None:
-        self.task, self.record = task, record
+    def __init__(self, runner, record: bool) -> None:
+        self.runner, self.record = runner, record  # the VllmGenerate whose vLLM engine it feeds
         self.requests: dict[str, tuple[FedWindow, int]] = {}  # request id -> its row
         self.added = 0  # requests added so far: each gets an id of its own, also when a row is added again
         self.restarted = False
@@ -101,7 +101,7 @@ class Feeder:
 
     @property
     def engine(self):
-        return self.task.engine.llm_engine
+        return self.runner.llm.llm_engine
 
     def run(self, take: Callable[[bool], Any]) -> Iterator[tuple[Any, dict, dict[int, str]]]:
         try:
@@ -157,11 +157,11 @@ class Feeder:
 
         request_id = f"{fed.row(position)}/{self.added}"
         self.added += 1
-        sampling = self.task.sampling_params(fed.batch["params"][position], fed.row(position))
+        sampling = self.runner.sampling_params(fed.batch["params"][position], fed.row(position))
         sampling.output_kind = RequestOutputKind.FINAL_ONLY  # what LLM.generate asks: one output per request
         prompt = engine_prompt(fed.batch["ids"][position], fed.batch["images"][position])
         try:
-            self.engine.add_request(request_id, prompt, sampling, lora_request=self.task.lora)
+            self.engine.add_request(request_id, prompt, sampling, lora_request=self.runner.lora)
         except (VLLMError, ValueError, TypeError, AssertionError, KeyError, IndexError) as error:
             self.fail(fed, position, f"{type(error).__name__}: vLLM refused the prompt ({first_line(error)})")
             return
@@ -267,7 +267,7 @@ class Feeder:
         request_id = f"health/{self.added}"
         self.added += 1
         try:
-            self.engine.add_request(request_id, {"prompt_token_ids": [self.task.pad_id]},
+            self.engine.add_request(request_id, {"prompt_token_ids": [self.runner.task.pad_id]},
                                     SamplingParams(max_tokens=1, temperature=0.0,
                                                    output_kind=RequestOutputKind.FINAL_ONLY))
             while self.engine.has_unfinished_requests():
@@ -289,12 +289,12 @@ class Feeder:
         log.warning("the vLLM engine died (%s); starting it again and running its rows in flight again",
                     describe(error))
         self.restarted = True
-        self.task.restart_engine()
+        self.runner.restart()
 
     def finished(self, fed: FedWindow) -> tuple[Any, dict, dict[int, str]]:
         """A window's results (the rows that did not fail, in row order) and its failed rows."""
         ok = sorted(fed.outputs)
-        batch = fed.batch
+        batch, eos_ids = fed.batch, self.runner.task.eos_ids
         results = rows_results([fed.outputs[p] for p in ok], [batch["ids"][p] for p in ok],
-                               [batch["index"][p] for p in ok], self.task.eos_ids, [batch["params"][p] for p in ok])
+                               [batch["index"][p] for p in ok], eos_ids, [batch["params"][p] for p in ok])
         return fed.key, results, dict(sorted(fed.failed.items()))

@@ -1,11 +1,11 @@
-"""Task generate on vLLM's offline engine (`generate.engine: vllm`): continuous batching, a paged
+"""vLLM's offline engine for task generate (`generate.engine: vllm`): continuous batching, a paged
 KV cache and prefix caching, inside the same plan, shards, atomic shard files and proof.
 
-What stays the transformers engine's (`shardinfer.tasks.generate.task`): the prompts, token for token
-(texts and conversations, chat template, system prompt, truncation to max_length), the eos ids
-(the tokenizer's and the generation_config's), each row's parameters (`RowParams`), decoding
-(special tokens skipped, cut before a stop string), the output columns and how a structured row
-is judged. What the engine gets:
+What stays the task's, as on the transformers engine (`shardinfer.tasks.generate.task`): the
+prompts, token for token (texts and conversations, chat template, system prompt, truncation to
+max_length), the eos ids (the tokenizer's and the generation_config's), each row's parameters
+(`RowParams`), decoding (special tokens skipped, cut before a stop string), the output columns
+and how a structured row is judged. What the engine gets:
 
 - **Images** (`input.image_column`, `shardinfer.tasks.generate.images`): a row's prompt ids with
   one image token per image and its decoded images as `multi_modal_data`, which vLLM expands
@@ -31,7 +31,7 @@ is judged. What the engine gets:
 - **One SamplingParams per row**, from its parameters: `seed=row_seed(generate.seed, global row
   index)`, so a row's samples depend on its prompt, the seed and its index, not on the rows beside
   it in the engine; `n` (vLLM seeds sample j with seed + j: sample 0 is the n = 1 sample);
-  `logprobs`; `structured_outputs` (the spec checked by vLLM's own xgrammar check when the task
+  `logprobs`; `structured_outputs` (the spec checked by vLLM's own xgrammar check when the engine
   loads, since one it refuses would fail every window's call). The engine is started with the
   xgrammar backend pinned and raw log-probabilities (`engine.output_arguments`).
 - **In-process engine** (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): no engine-core process is spawned,
@@ -40,10 +40,11 @@ is judged. What the engine gets:
   process per device from this process; the workers run the job's script again without its body
   (its `__main__` guard), so the shard runs once.
 
-Its modules: `checks` (what is refused before any job runs, the devices an engine spans, and the
-engine's identity in the shard digest), `engine` (the engine's arguments and start), `parallel`
-(the devices it spans: its workers' GPUs or CPU cores), `task` (the task on the engine), `feeder`
-(the loop between the windows and the engine) and `matching` (each output as the row's results,
-checked). They import vLLM inside their functions only: the config checks read its settings
-without it.
+Its modules: `generate` (the engine: `VllmGenerate`, serving task generate), `checks` (what is
+refused before any job runs, the devices an engine spans, and the engine's identity in the shard
+digest), `engine` (the engine's arguments and start), `parallel` (the devices it spans: its
+workers' GPUs or CPU cores), `feeder` (the loop between the windows and the engine) and `matching`
+(each output as the row's results, checked). They import vLLM inside their functions only: the
+config checks read its settings without it. What serves any engine of task generate lives with
+the task (`shardinfer.tasks.generate.task`: the row seeds in `params`, the finish reasons in `columns`).
 """

@@ -1,13 +1,13 @@
-"""Task generate on vLLM's engine (`shardinfer.tasks.vllm` says what it keeps of the transformers
-engine and what the engine gets): the shard's windows fed to one engine loop, a request per row
-(`shardinfer.tasks.vllm.feeder`), one seed per row, every output checked against its row
-(`shardinfer.tasks.vllm.matching`).
+"""Task generate on vLLM's engine (`shardinfer.engines.vllm` says what it keeps of the transformers
+engine and what the engine gets): the task (`Generate`, without a transformers model) prepares
+the prompts and writes the columns; the shard's windows are fed to one engine loop, a request per
+row (`shardinfer.engines.vllm.feeder`), one seed per row, every output checked against its row
+(`shardinfer.engines.vllm.matching`).
 """
 
 from __future__ import annotations
 
 import gc
-import hashlib
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,61 +16,61 @@ from typing import Any
 import numpy as np
 
 from shardinfer.core.errors import UserError, first_line
-from shardinfer.tasks.base import LoadContext, Window
-from shardinfer.tasks.generate.chat_content import vllm_content_format
-from shardinfer.tasks.generate.params import PromptRows, RowParams
-from shardinfer.tasks.generate.task import Generate
-from shardinfer.tasks.vllm.checks import (
+from shardinfer.engines.base import Engine
+from shardinfer.engines.vllm.checks import (
     SPANS_SETTING,
     Span,
+    check_one_device,
     check_vllm_settings,
     engine_identity,
     generation_config_of,
     generation_to_vllm,
     vllm_version,
 )
-from shardinfer.tasks.vllm.engine import start_engine
-from shardinfer.tasks.vllm.feeder import Feeder
+from shardinfer.engines.vllm.engine import start_engine
+from shardinfer.engines.vllm.feeder import Feeder
+from shardinfer.tasks.base import LoadContext, Window
+from shardinfer.tasks.generate.chat_content import vllm_content_format
+from shardinfer.tasks.generate.params import PromptRows, RowParams, row_seed
+from shardinfer.tasks.generate.task import Generate
 
 log = logging.getLogger(__name__)
 
 
-def row_seed(seed: int, index: int) -> int:
-    """A row's own 63-bit sampling seed from (generate.seed, its global row index)."""
-    digest = hashlib.sha256(f"shardinfer/{int(seed)}/{int(index)}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
+class VllmGenerate(Engine):
+    """vLLM's offline engine in the shard job (`generate.vllm`: its `LLM` arguments): continuous
+    batching, a paged KV cache and prefix caching, fed every window's prompts by one loop that keeps
+    it full across windows; it may span several GPUs (tensor x pipeline parallel)."""
 
-
-class VllmGenerate(Generate):
-    """Generate with the prompts of the transformers engine, run by vLLM's engine."""
-
+    name = "vllm"
+    options_key = "vllm"
     own_batches = True
     devices_setting = SPANS_SETTING
-    feeds_engine = True
+    feeds = True
 
-    def __init__(self, engine, tokenizer, context: LoadContext, generation_config: dict, start_s: float = 0.0) -> None:
-        super().__init__(None, tokenizer, tokenizer.pad_token_id or 0, context, generation_config.get("eos_token_id"))
-        self.engine, self.start_s, self.context = engine, start_s, context
+    def __init__(self, llm, task: Generate, context: LoadContext, generation_config: dict, start_s: float = 0.0
+                 ) -> None:
+        super().__init__(task)
+        self.llm, self.start_s, self.context = llm, start_s, context
         self.restarts = 0
         self.sampling_defaults = generation_to_vllm(generation_config, context.settings.model.path)
         if "min_tokens" in self.sampling_defaults:  # model.generate's min_new_tokens never outlasts max_new_tokens
-            self.sampling_defaults["min_tokens"] = min(int(self.sampling_defaults["min_tokens"]), self.max_new_tokens)
+            self.sampling_defaults["min_tokens"] = min(int(self.sampling_defaults["min_tokens"]), task.max_new_tokens)
         self.lora = self.lora_request(context.settings.model.adapter)
-        check_structured(self.options.structured)
+        check_structured(task.options.structured)
 
     @classmethod
     def check_settings(cls, settings) -> None:
-        """Task generate's checks, then the engine's: installed, and what it is handed it can take."""
-        super().check_settings(settings)
+        """Installed, and what it is handed it can take."""
         check_vllm_settings(settings.model.path, settings.model.adapter, settings.task_settings)
 
-    @staticmethod
-    def content_format(template: str | None) -> str:
-        """vLLM's own detection of the chat template's content format: what `LLM.chat` would pass."""
-        return vllm_content_format(template)
+    @classmethod
+    def check_unused(cls, settings) -> None:
+        """Parallel sizes with another engine, which runs a model on one device."""
+        check_one_device(settings.task_settings)
 
     @classmethod
-    def devices(cls, section: dict) -> int:
+    def devices(cls, section) -> int:
         """tensor_parallel_size x pipeline_parallel_size: the engine's workers, one per device."""
         return Span.of(section).workers
 
@@ -80,7 +80,8 @@ class VllmGenerate(Generate):
         return engine_identity(settings.task_settings)
 
     @classmethod
-    def load(cls, context: LoadContext) -> VllmGenerate:
+    def load(cls, task_class: type[Generate], context: LoadContext) -> VllmGenerate:
+        """The task without a transformers model (its tokenizer makes the prompts), and vLLM's engine."""
         from shardinfer.hf.models import check_weight_files, load_tokenizer
 
         model = context.settings.model
@@ -89,17 +90,17 @@ class VllmGenerate(Generate):
             check_weight_files(model.adapter, model.allow_pickle, "model.adapter")
         tokenizer = load_tokenizer(model)
         config = generation_config_of(model.path)
-        engine, seconds = start_engine(context)
-        return cls(engine, tokenizer, context, config, seconds)
+        # vLLM's own detection of a chat template's content format: what `LLM.chat` would pass.
+        task = task_class(None, tokenizer, tokenizer.pad_token_id or 0, context, config.get("eos_token_id"),
+                          detect=vllm_content_format)
+        llm, seconds = start_engine(context)
+        return cls(llm, task, context, config, seconds)
 
     def finish(self) -> dict:
-        """Beside generated_tokens: the engine's start-up and the build this job ran (the digest has
-        the one where Snakemake loaded the workflow)."""
+        """Beside the task's (generated_tokens): the engine's start-up and the build this job ran (the
+        digest has the one where Snakemake loaded the workflow)."""
         return {**super().finish(), "engine_start_s": round(self.start_s, 3), "engine": vllm_version(),
                 "engine_restarts": self.restarts}
-
-    def check(self) -> None:
-        """vLLM refuses what it cannot load (an architecture it lacks, missing weights) when it starts."""
 
     @staticmethod
     def lora_request(adapter: str | None):
@@ -122,7 +123,8 @@ class VllmGenerate(Generate):
         runs it: vLLM refuses an empty prompt), global indices, parameters, their images (None for a
         row without) and the refused rows' reasons (by position)."""
         rows: PromptRows = window.data
-        return {"ids": [rows.ids[p] if len(rows.ids[p]) else [self.pad_id] for p in positions],
+        pad_id = self.task.pad_id
+        return {"ids": [rows.ids[p] if len(rows.ids[p]) else [pad_id] for p in positions],
                 "index": (window.first + np.asarray(positions, dtype=np.int64)).tolist(),
                 "params": [rows.params[p] for p in positions],
                 "images": [rows.images[p] if rows.images is not None else None for p in positions],
@@ -135,7 +137,7 @@ class VllmGenerate(Generate):
         from vllm import SamplingParams
 
         sampled = {"temperature": params.temperature, "top_p": params.top_p, "seed": row_seed(params.seed, index)}
-        return SamplingParams(max_tokens=params.max_new_tokens, stop_token_ids=list(self.eos_ids),
+        return SamplingParams(max_tokens=params.max_new_tokens, stop_token_ids=list(self.task.eos_ids),
                               stop=list(params.stop) or None, detokenize=bool(params.stop), skip_special_tokens=True,
                               n=params.n, logprobs=params.logprobs, flat_logprobs=True,
                               structured_outputs=structured_params(params.structured),
@@ -147,24 +149,24 @@ class VllmGenerate(Generate):
         """The shard's windows through one engine loop (`feeder`), kept full across windows."""
         return Feeder(self, record).run(take)
 
-    def predict(self, batch: dict) -> dict:
+    def run(self, rows: dict) -> dict:
         """One window alone in the engine, drained before it returns (no window fed beside it)."""
-        rows = len(batch["ids"])
-        window = Window(int(batch["index"][0]) if rows else 0, np.zeros(rows, dtype=np.int64), None)
-        items = iter([((), window, [(np.arange(rows), batch)])])
+        count = len(rows["ids"])
+        window = Window(int(rows["index"][0]) if count else 0, np.zeros(count, dtype=np.int64), None)
+        items = iter([((), window, [(np.arange(count), rows)])])
         (_, results, _), = Feeder(self, record=False).run(lambda wait: next(items, None))
         return results
 
-    def restart_engine(self) -> None:
+    def restart(self) -> None:
         """A new engine in place of one that died: the old one shut down and released first."""
-        old, self.engine = self.engine, None
+        old, self.llm = self.llm, None
         try:
             old.llm_engine.engine_core.shutdown()
         except Exception as error:  # noqa: BLE001 - a dead engine may fail to shut down cleanly
             log.warning("shutting the dead engine down failed (%s: %s)", type(error).__name__, first_line(error))
         del old
         gc.collect()
-        self.engine, seconds = start_engine(self.context)
+        self.llm, seconds = start_engine(self.context)
         self.start_s += seconds
         self.restarts += 1
 

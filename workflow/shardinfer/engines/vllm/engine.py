@@ -1,6 +1,6 @@
 """vLLM's offline engine in the shard job's process: its arguments (the workflow's own, the
 device's defaults, then the user's `generate.vllm`), its environment and its start. The devices it
-spans: `shardinfer.tasks.vllm.parallel`.
+spans: `shardinfer.engines.vllm.parallel`.
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import os
 import time
 
 from shardinfer.core.errors import UserError, first_line
+from shardinfer.engines.vllm.checks import INSTALL_HINT, Span, check_lora, vllm_version
+from shardinfer.engines.vllm.parallel import parallel_arguments, place_workers
 from shardinfer.settings.config import ModelSettings
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.generate.params import lines_carry_parameters
-from shardinfer.tasks.vllm.checks import INSTALL_HINT, Span, check_lora, vllm_version
-from shardinfer.tasks.vllm.parallel import parallel_arguments, place_workers
 
 log = logging.getLogger(__name__)
 
