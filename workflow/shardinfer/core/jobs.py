@@ -26,6 +26,22 @@ from shardinfer.core.errors import UserError
 T = TypeVar("T")
 
 
+class Untracked:
+    """A rule param's values that Snakemake's params rerun trigger does not compare: it compares values
+    of builtin types only and leaves out one it cannot represent (snakemake.persistence). For what a
+    job is told that must not rerun a finished job when it changes: the files of `output.writers`,
+    which a plan or shard job withdraws (`Layout.also_outdated`), when a writer is switched on."""
+
+    def __init__(self, values: Sequence[str]) -> None:
+        self.values = tuple(values)
+
+    def __iter__(self):
+        return iter(self.values)
+
+    def __repr__(self) -> str:
+        return f"Untracked({list(self.values)!r})"
+
+
 def log_to(path: str) -> None:
     """Send this process's stderr (Python and C level) and its logging to `path`."""
     handle = open(path, "w", buffering=1)
