@@ -82,14 +82,14 @@ def run_job(log_path: str, function: Callable[..., T], *args, outdated: Sequence
     sys.exit(1)
 
 
-def withdraw(paths: Sequence[str]) -> None:
+def withdraw(paths: Sequence[str], why: str = "of the previous run: this run remakes it") -> None:
     """Remove the final outputs that the job being run makes outdated (the plan or a shard remade:
-    gather runs again after it), saying so in the job's log."""
+    gather runs again after it; gather: what no writer of this run writes), saying so in the job's log."""
     for path in map(Path, paths):
         if path.is_dir() and not path.is_symlink():  # the parts layout's folder
             shutil.rmtree(path)
-        elif path.exists():
+        elif path.exists() or path.is_symlink():
             path.unlink()
         else:
             continue
-        logging.getLogger("shardinfer").info("removed %s of the previous run: this run remakes it", path)
+        logging.getLogger("shardinfer").info("removed %s %s", path, why)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from shardinfer.contract.file_digest import file_digest
 from shardinfer.contract.shard_file import IDENTITY_KEY
 from shardinfer.core.atomic import write_json_atomic
 from shardinfer.core.errors import ProofError, UserError
+from shardinfer.core.jobs import withdraw
 from shardinfer.output import TABLE, chosen_writers, stale_paths
 from shardinfer.output.base import Destination, Proven, Writer
 from shardinfer.output.write import write_all
@@ -108,28 +108,17 @@ def run_gather(job: GatherJob) -> dict:
 
 def remove_stale(job: GatherJob, writers: list[Writer]) -> None:
     """Remove what an earlier run's writers left beside this run's outputs and this run's do not write."""
-    for path in stale_paths(writers, job.output.parts, str(Path(job.summary).parent)):
-        path = Path(path)
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        elif path.exists() or path.is_symlink():
-            path.unlink()
-        else:
-            continue
-        log.info("removed %s: output.writers and output.layout no longer write it", path)
+    withdraw(stale_paths(writers, job.output.parts, str(Path(job.summary).parent)),
+             "of an earlier run: output.writers and output.layout no longer write it")
 
 
 def withdraw_written(job: GatherJob, writer: Writer) -> None:
     """A refused job's files of `writer`, and the folder that holds them where it has one (the Parquet
     parts'; never without a shared filesystem, where its parts are the shard jobs' own)."""
-    paths = [Path(job.outputs[key]) for key in writer.files(job.output.parts)]
+    paths = [job.outputs[key] for key in writer.files(job.output.parts)]
     if writer.folder(job.output.parts) and not job.stored:
-        paths = [paths[0].parent]
-    for path in paths:
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+        paths = [str(Path(paths[0]).parent)]
+    withdraw(paths, "as gather stopped: no file of an earlier run is left as if it were current")
 
 
 def prove_and_write(job: GatherJob, writers: list[Writer]) -> dict:
