@@ -2,9 +2,10 @@
 both engines over the tiny byte-level Llama with a chat template that loops over content parts
 (tiny_models.PARTS_CHAT_TEMPLATE), its output checked with the `openai` package's own types.
 
-- transformers, 1 shard and 3 shards, `row_errors: record`, a line the chat template refuses: every
-  output line answers its input line's custom_id, in order, each body a `ChatCompletion`, the bad
-  line an error line (`BatchError`); the 3-shard file is the 1-shard file, byte for byte.
+- transformers, 1 shard and 3 shards, `row_errors: record`, a line the chat template refuses: as
+  OpenAI's files, every output line a success answering its input line's custom_id, in order, each
+  body a `ChatCompletion`, and the bad line in the error file alone (status 400, its body's error an
+  `ErrorObject`); the 3-shard files are the 1-shard files, byte for byte.
 - vLLM, 1 shard, the same lines without the bad one: each line's own parameters are honoured on
   both engines (max_tokens, n, stop, logprobs with top_logprobs, a JSON schema), and its greedy
   lines are the transformers engine's. Three more lines on vLLM alone: a strong logit_bias forces
@@ -12,8 +13,8 @@ both engines over the tiny byte-level Llama with a chat template that loops over
   log-probabilities of the top 20); neutral values give the clean line.
 - A line of text parts (and a system message of one) is rendered, on both engines, with its parts
   as they are: what `LLM.chat` gives a template over parts (tests/test_generation.py asks it).
-- The proof covers the file: gather again from the proven shards gives the same file; a shard with
-  one edited text gives neither file.
+- The proof covers the files: gather again from the proven shards gives the same files; a shard with
+  one edited text gives none of them.
 - Refusals (a custom_id twice, another url, a key that would change the output, a value out of
   range, max_tokens above model.max_new_tokens, penalties with the transformers engine, a bad
   logit_bias, settings the lines give) are one line each, at the plan's scan, naming the file's line.
@@ -34,7 +35,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import made_once
-from factory import WORDS, read_predictions, run_workflows
+from factory import WORDS, gather_job, read_predictions, run_workflows
 from generation_data import SCHEMA, settings_of
 from shardinfer.contract.shard_file import IDENTITY_KEY
 from shardinfer.core.errors import ProofError, UserError
@@ -145,8 +146,8 @@ def runs(parts_lm, tmp_path_factory) -> dict[str, Path]:
     return {name: root / name for name in planned}
 
 
-def output_of(workdir: Path) -> list[dict]:
-    return [json.loads(line) for line in (workdir / "results" / "batch_output.jsonl").read_text().splitlines()]
+def output_of(workdir: Path, name: str = "batch_output") -> list[dict]:
+    return [json.loads(line) for line in (workdir / "results" / f"{name}.jsonl").read_text().splitlines()]
 
 
 def choices(line: dict) -> list[dict]:
@@ -154,30 +155,37 @@ def choices(line: dict) -> list[dict]:
 
 
 def test_every_line_answers_its_request_in_order_as_openai_types_read_it(runs):
-    from openai.types import BatchError
+    """As OpenAI's files: every output line a success whose body is a `ChatCompletion` (a consumer
+    reads `response.body` of each), the failed request in the error file alone, as OpenAI writes a
+    request that failed (status 400, `body.error` an `ErrorObject`); each custom_id in one of them."""
     from openai.types.chat import ChatCompletion
+    from openai.types.shared import ErrorObject
 
-    out = output_of(runs["hf-1"])
-    assert [line["custom_id"] for line in out] == [line["custom_id"] for line in batch_lines()]
+    out, errors = output_of(runs["hf-1"]), output_of(runs["hf-1"], "batch_errors")
+    requests = [line["custom_id"] for line in batch_lines()]
+    assert [line["custom_id"] for line in out] == [cid for cid in requests if cid != BAD]
+    assert [line["custom_id"] for line in errors] == [BAD]
     for line in out:
         assert set(line) == {"id", "custom_id", "response", "error"} and line["id"].startswith("batch_req_")
-        if line["custom_id"] == BAD:  # an error line, not a missing one
-            assert line["response"] is None
-            error = BatchError.model_validate(line["error"])
-            assert error.code == "row_error" and "unknown role tool" in error.message and "row 6" in error.message
-            continue
         assert line["error"] is None and line["response"]["status_code"] == 200
         body = ChatCompletion.model_validate(line["response"]["body"])
         assert body.object == "chat.completion" and body.model == "gpt-4o-mini"
         assert body.usage.total_tokens == body.usage.prompt_tokens + body.usage.completion_tokens
+    (failed,) = errors
+    assert set(failed) == {"id", "custom_id", "response", "error"} and failed["error"] is None
+    assert failed["response"]["status_code"] == 400 and failed["response"]["request_id"].startswith("req_")
+    error = ErrorObject.model_validate(failed["response"]["body"]["error"])
+    assert error.code == "row_error" and error.type == "invalid_request_error"
+    assert "unknown role tool" in error.message and "row 6" in error.message
     table = read_predictions(runs["hf-1"])
-    assert table["custom_id"].tolist() == [line["custom_id"] for line in out]
-    assert table["error"].notna().tolist() == [line["custom_id"] == BAD for line in out]
+    assert table["custom_id"].tolist() == requests
+    assert table["error"].notna().tolist() == [cid == BAD for cid in requests]
 
 
-def test_three_shards_write_the_one_shard_file_byte_for_byte(runs):
-    one, three = (runs[name] / "results" / "batch_output.jsonl" for name in ("hf-1", "hf-3"))
-    assert one.read_bytes() == three.read_bytes()
+def test_three_shards_write_the_one_shard_files_byte_for_byte(runs):
+    for name in ("batch_output.jsonl", "batch_errors.jsonl"):
+        one, three = (runs[run] / "results" / name for run in ("hf-1", "hf-3"))
+        assert one.read_bytes() == three.read_bytes()
 
 
 @pytest.mark.parametrize("run", ["hf-1", "vllm-1"])
@@ -261,19 +269,18 @@ def gather_again(workdir: Path, out: Path, shard_paths: list[str]) -> None:
 
     settings = settings_of(workdir)
     digest = json.loads(pq.ParquetFile(shard_paths[0]).metadata.metadata[IDENTITY_KEY])["digest"]
-    run_gather(str(workdir / "results" / "plan.json"), shard_paths, settings.input, {"path": settings.model.path},
-               digest, str(out / "predictions.parquet"), str(out / "summary.json"),
-               batch_output=str(out / "batch_output.jsonl"))
+    run_gather(gather_job(workdir / "results" / "plan.json", shard_paths, settings.input,
+                          {"path": settings.model.path}, digest, out / "predictions.parquet", out / "summary.json"))
 
 
 def test_the_proof_covers_the_batch_output_file(runs, tmp_path):
-    """Gathered again from the run's shards: the same file. With one text of shard 1 edited (its
-    metadata kept): refused, and neither the table nor the batch file is written."""
+    """Gathered again from the run's shards: the same files. With one text of shard 1 edited (its
+    metadata kept): refused, and none of the table and the batch files is written."""
     workdir = runs["hf-3"]
     shard_paths = [str(workdir / "results" / "shards" / f"{shard}.parquet") for shard in range(3)]
     gather_again(workdir, tmp_path / "again", shard_paths)
-    assert (tmp_path / "again" / "batch_output.jsonl").read_bytes() == (
-        workdir / "results" / "batch_output.jsonl").read_bytes()
+    for name in ("batch_output.jsonl", "batch_errors.jsonl"):
+        assert (tmp_path / "again" / name).read_bytes() == (workdir / "results" / name).read_bytes()
     copies = [tmp_path / "shards" / Path(path).name for path in shard_paths]  # one folder, as gather reads it
     copies[0].parent.mkdir()
     for path, copy in zip(shard_paths, copies):
@@ -290,7 +297,7 @@ def test_the_proof_covers_the_batch_output_file(runs, tmp_path):
         writer.add_key_value_metadata({k: v for k, v in file.metadata.metadata.items() if k != b"ARROW:schema"})
     with pytest.raises(ProofError, match="shard 1 .*its values are not those its job wrote"):
         gather_again(workdir, tmp_path / "edited", list(map(str, copies)))
-    assert not any((tmp_path / "edited").glob("*"))  # neither file, no partial one
+    assert not any((tmp_path / "edited").glob("*")) and not any((tmp_path / "edited").glob(".*"))  # no partial
 
 
 def refusal(tmp_path: Path, lines: list, settings) -> str:

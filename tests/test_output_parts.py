@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from factory import input_frame, input_settings, write_input
+from factory import gather_job, input_frame, input_settings, write_input
 from shardinfer.contract.pieces import PIECE_KEY, first_piece_data, later_pieces, read_record, record_path
 from shardinfer.core.errors import ProofError, UserError
 from shardinfer.plan.plan_file import run_plan
@@ -58,8 +58,8 @@ def runs(models, tmp_path_factory):
 
 def gather(root: Path, inp, paths, layout: str, out: str = "out") -> dict:
     table = root / out / ("predictions" if layout == "parts" else "predictions.parquet")
-    return run_gather(str(root / "plan.json"), paths, inp, {"task": "classify"}, DIGEST, str(table),
-                      str(root / out / "summary.json"), output=OutputSettings(layout=layout))
+    return run_gather(gather_job(root / "plan.json", paths, inp, {"task": "classify"}, DIGEST, table,
+                                 root / out / "summary.json", output=OutputSettings(layout=layout)))
 
 
 def copy_run(run, target: Path) -> tuple:

@@ -63,8 +63,8 @@ def test_the_table_in_the_bucket_equals_a_shared_filesystem_run_row_for_row(buck
 
 @pytest.mark.e2e
 def test_an_openai_batch_file_in_the_bucket_gets_its_output_file_there_in_its_order(bucket_runs):
-    """The plan's cut of a batch file, the shard job in an empty folder and gather's batch output
-    file, all through the bucket: one line per input line, in the input's order, each body a
+    """The plan's cut of a batch file, the shard job in an empty folder and gather's batch output and
+    error files, all through the bucket: one line per input line, in the input's order, each body a
     `ChatCompletion` within its line's max_tokens."""
     from openai.types.chat import ChatCompletion
 
@@ -76,6 +76,7 @@ def test_an_openai_batch_file_in_the_bucket_gets_its_output_file_there_in_its_or
         assert line["error"] is None
         body = ChatCompletion.model_validate(line["response"]["body"])
         assert 1 <= body.usage.completion_tokens <= 4 + k and body.model == "gpt-4o-mini"
+    assert batch.objects["results/batch_errors.jsonl"] == b""  # OpenAI's error file, beside it: none failed
     assert json.loads(batch.objects["results/summary.json"])["rows"] == len(BATCH_IDS)
     assert len(batch.job_folders) >= 3  # plan, the shard, gather: each in a folder of its own
 

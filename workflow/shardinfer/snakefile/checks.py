@@ -15,6 +15,7 @@ from shardinfer.core.errors import UserError
 from shardinfer.engines import check_engine
 from shardinfer.input.discovery import missing_input
 from shardinfer.input.shard_bound import check_shard_count
+from shardinfer.output import chosen_writers
 from shardinfer.settings.config import InputSettings, Settings
 from shardinfer.settings.schema import BARE_WORDS, parse_yaml
 from shardinfer.tasks import TASKS, may_write_files, task_class
@@ -143,6 +144,20 @@ def check_inputs(by_name: dict[str | None, Settings], storage: bool = False) -> 
             if name is None:
                 raise
             raise UserError(f"inputs.{name}: {error}") from None
+    check_same_writers(by_name, storage)
+
+
+def check_same_writers(by_name: dict[str | None, Settings], storage: bool = False) -> None:
+    """One set of files for every input (`output.writers`, or each input's defaults: an OpenAI batch
+    file's output files), since the gather rule has one set of outputs."""
+    writers = {name: [w.name for w in chosen_writers(s.output, s.input, storage)] for name, s in by_name.items()}
+    first, *others = writers
+    other = next((name for name in others if writers[name] != writers[first]), None)
+    if other is not None:
+        raise UserError(f"inputs.{first} gets the files of output writers {', '.join(writers[first])} and "
+                        f"inputs.{other} those of {', '.join(writers[other])} (input.format "
+                        f"{by_name[first].input.format} and {by_name[other].input.format}): gather writes one set of "
+                        "files for every input; run them with two configs, or name output.writers")
 
 
 def check_settings(settings: Settings, storage: bool = False) -> None:
@@ -156,6 +171,7 @@ def check_settings(settings: Settings, storage: bool = False) -> None:
             raise missing_input(part)
     check_keep_columns(inp, (INDEX_COLUMN, *task_class(model.task).output_fields(settings)))
     check_evaluate(settings)
+    chosen_writers(settings.output, inp, storage)  # each one refused where it cannot write this input or layout
     if not storage:  # reads the input's row count, which only the plan job sees in storage
         check_shard_count(inp, settings.shards)
     task_class(model.task).check_settings(settings)  # the task's own checks (`Task.check_settings`)

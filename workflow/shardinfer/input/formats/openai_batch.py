@@ -299,11 +299,12 @@ class OpenAiBatch(TextFormat):
     """The OpenAI batch file of chat completion requests, as the OpenAI Batch API and `vllm run-batch`
     take it (task generate): each line's `body.messages` is its prompt and its own max_tokens,
     temperature, top_p, n, stop, seed, logprobs, top_logprobs and response_format drive its row; gather
-    also writes `results/batch_output.jsonl` (docs/tasks/openai-batch.md)."""
+    also writes OpenAI's output and error files, `results/batch_output.jsonl` and
+    `results/batch_errors.jsonl` (docs/tasks/openai-batch.md)."""
 
     name = NAME
     named_only = True  # .jsonl is jsonl's
-    always_kept = ("custom_id", "model")  # the output file's lines are made of them
+    always_kept = ("custom_id", "model")  # the output files' lines are made of them
     tasks = ("generate",)
 
     def fields(self, inp: InputSettings) -> pa.Schema:
