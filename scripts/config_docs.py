@@ -3,8 +3,8 @@ Snakemake workflow catalog shows) and of the docs site's docs/configuration.md f
 key's default, allowed values and description: a key is described once, in
 workflow/schemas/config.schema.yaml), and the lists of input formats and tasks in README.md,
 config/README.md, config/config.yaml and the docs site's pages from the registries
-(`shardinfer.input.formats`, `shardinfer.tasks`). tests/test_config_docs.py fails while a file is
-not what this writes.
+(`shardinfer.input.formats`, `shardinfer.tasks`, `shardinfer.engines`). tests/test_config_docs.py
+fails while a file is not what this writes.
 
 Each written part lies between two marker lines, which this script keeps:
 
@@ -31,6 +31,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+from shardinfer.engines import ENGINES, engine_class, serving
 from shardinfer.input.formats import all_formats
 from shardinfer.input.formats.base import COMPRESSED_SUFFIXES, Format
 from shardinfer.settings.schema import schema
@@ -165,6 +166,27 @@ def task_table() -> list[str]:
     return rows
 
 
+def engine_table() -> list[str]:
+    """The table of the engines, from their registry: the tasks each runs (by default, or when
+    `<task>.engine` names it), its settings, the devices one engine spans, and what it is."""
+    rows = ["| engine | default for | also runs | its settings | devices per shard job | what it is |",
+            "|---|---|---|---|---|---|"]
+    for name in ENGINES:
+        engine, tasks = engine_class(name), serving(name)
+        default = [task for task in tasks if task_class(task).engines[0] == name]
+        chosen = [f"`{task}` (`{task}.engine: {name}`)" for task in tasks if task not in default]
+        settings = ", ".join(f"`{task}.{engine.options_key}`" for task in tasks) if engine.options_key else "none"
+        devices = f"`{engine.devices_setting}`" if engine.devices_setting else str(engine.devices({}))
+        rows.append(f"| `{name}` | {', '.join(f'`{task}`' for task in default) or 'none'} | "
+                    f"{', '.join(chosen) or 'none'} | {settings} | {devices} | {_cell(_docstring(engine))} |")
+    return rows
+
+
+def _docstring(kind: type) -> str:
+    """A class's own docstring, first paragraph, on one line."""
+    return " ".join((kind.__dict__.get("__doc__") or "").strip().split("\n\n")[0].split())
+
+
 def task_names() -> list[str]:
     return [", ".join(f"`{name}`" for name in TASKS)]
 
@@ -173,8 +195,9 @@ def task_comment() -> list[str]:
     return [" | ".join(TASKS)]
 
 
-PARTS = {"keys": key_table, "formats": format_table, "tasks": task_table, "format-list": format_list,
-         "format-comment": format_comment, "task-list": task_names, "task-comment": task_comment}
+PARTS = {"keys": key_table, "formats": format_table, "tasks": task_table, "engines": engine_table,
+         "format-list": format_list, "format-comment": format_comment, "task-list": task_names,
+         "task-comment": task_comment}
 
 
 def rendered(text: str, where: str = "") -> str:
