@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import sys
+import random
 from pathlib import Path
 
 import numpy as np
@@ -29,9 +28,10 @@ import pandas as pd
 import pytest
 
 import patience
-from factory import prepare_workdir, python_env, read_predictions, run_workflow, run_workflows
+from factory import WORDS, prepare_workdir, read_predictions, run_workflow, run_workflows
 from test_generate import MAX_LENGTH, NEW_TOKENS
 from test_vllm import prompt_texts, refused, vllm_missing
+from vllm_server import Server, free_port
 
 if vllm_missing():
     if os.environ.get("CI", "").lower() == "true":
@@ -46,59 +46,6 @@ COLUMNS = ["index", "id", "generated", "n_prompt_tokens", "n_generated_tokens", 
 REFUSED_LINE = 5  # asks 5 log-probabilities per token; the server allows 2
 LINES = {1: {"n": 2, "temperature": 1.2, "seed": 3}, 3: {"logprobs": True, "top_logprobs": 2},
          REFUSED_LINE: {"logprobs": True, "top_logprobs": 5}, 6: {"temperature": 0.8, "seed": 11}}
-SERVE = ("import sys; from vllm.entrypoints.launchers.api_server.entry import main; "
-         "sys.argv = ['vllm-serve', *sys.argv[1:]]; main()")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        return free.getsockname()[1]
-
-
-class Server:
-    """vLLM's OpenAI server on the tiny Llama, in a process group of its own (its engine core is a
-    child process): started, killed with SIGKILL, started again on the same port."""
-
-    def __init__(self, lm: Path, root: Path) -> None:
-        self.lm, self.root, self.port = lm, root, free_port()
-        self.url, self.started = f"http://127.0.0.1:{self.port}/v1", None
-
-    def arguments(self) -> list[str]:
-        return ["--model", str(self.lm), "--served-model-name", "tiny", "--host", "127.0.0.1", "--port",
-                str(self.port), "--dtype", "float32", "--max-model-len", str(MAX_LENGTH + NEW_TOKENS),
-                "--enforce-eager", "--kv-cache-memory-bytes", str(64 << 20), "--max-num-seqs", "64",
-                # seeded rows on vLLM's CPU build: no prompt cut across steps (engines/vllm/engine.py)
-                "--no-enable-chunked-prefill", "--max-logprobs", "2", "--api-key", KEY]
-
-    def start(self) -> None:
-        self.started = patience.Started([sys.executable, "-c", SERVE, *self.arguments()], [self.root], merged=True,
-                                        start_new_session=True, env=python_env())
-
-    def wait_ready(self) -> None:
-        import httpx
-
-        def answers() -> bool:
-            try:
-                return httpx.get(f"{self.url}/models", headers={"Authorization": f"Bearer {KEY}"},
-                                 timeout=5).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        try:
-            patience.until(answers, [self.started.folder], self.started.process, "the vLLM server", every_s=1.0)
-        except AssertionError as error:
-            raise AssertionError(f"{error}; it printed:\n{self.started.output()[-4000:]}") from None
-
-    def kill(self) -> None:
-        """SIGKILL to the server and its engine core, as a crash or an out-of-memory kill."""
-        if self.started is not None and self.started.process.poll() is None:
-            os.killpg(self.started.process.pid, signal.SIGKILL)
-            self.started.process.wait()
-
-
 def server_config(data: Path, lm: Path, url: str, shards: int = 1, **options) -> dict:
     server = {"url": url, "api_key_env": KEY_ENV, **options.pop("server", {})}
     return {"input": {"path": str(data), "keep_columns": ["id"]},
@@ -122,8 +69,9 @@ def batch_lines() -> list[dict]:
 
 
 def write_inputs(root: Path) -> tuple[Path, Path]:
-    texts = (prompt_texts() * (ROWS // len(prompt_texts()) + 1))[:ROWS]
-    texts = [f"{text} {i % 7}" if i >= len(prompt_texts()) else text for i, text in enumerate(texts)]
+    rng = random.Random(5)
+    texts = prompt_texts() + [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 30)))
+                              for _ in range(ROWS - len(prompt_texts()))]
     data = root / "prompts.parquet"
     pd.DataFrame({"id": [f"p{i}" for i in range(ROWS)], "text": texts}).to_parquet(data, index=False)
     lines = root / "batch.jsonl"
@@ -155,7 +103,7 @@ def everything(causal_lm, tmp_path_factory):
     lm, root = causal_lm(), tmp_path_factory.mktemp("server-runs")
     data, lines = write_inputs(root)
     os.environ[KEY_ENV] = KEY  # the runs' environment (python_env copies it)
-    server = Server(lm, root / "server")
+    server = Server(lm, root / "server", MAX_LENGTH + NEW_TOKENS, KEY)
     (root / "server").mkdir()
     server.start()
     try:
@@ -181,11 +129,12 @@ def runs_with(server: Server, lm: Path, root: Path, data: Path, lines: Path):
     short = server_config(data, lm, server.url)
     short["model"]["max_new_tokens"] = NEW_TOKENS + 1
     down = server_config(data, lm, f"http://127.0.0.1:{free_port()}/v1")
+    grammar = server_config(data, lm, server.url, structured={"regex": "(?<=a)b"})  # Python's re takes it
     planned = {"greedy": (root / "greedy", with_inputs(greedy, inputs)),
                "batch": (root / "batch", batch_config(greedy, lines)),
                "sampled": (root / "sampled", with_inputs(server_config(data, lm, server.url, **SAMPLING), inputs)),
                "wrong-key": (root / "wrong-key", wrong_key, "-n"), "short": (root / "short", short, "-n"),
-               "down": (root / "down", down, "-n")}
+               "down": (root / "down", down, "-n"), "grammar": (root / "grammar", grammar, "-n")}
     os.environ["SHARDINFER_TEST_WRONG_KEY"] = "sk-wrong"
     results = dict(zip(planned, run_workflows(list(planned.values()))))
     os.environ.pop("SHARDINFER_TEST_WRONG_KEY")
@@ -194,7 +143,7 @@ def runs_with(server: Server, lm: Path, root: Path, data: Path, lines: Path):
         assert results[name].returncode == 0, results[name].stdout[-3000:] + results[name].stderr[-6000:]
     killed = killed_and_resumed(server, root / "killed", server_config(
         data, lm, server.url, **SAMPLING, server={"concurrency": 1, "retries": 1}))
-    yield {"root": root, "results": results, "killed": killed}
+    yield {"root": root, "results": results, "killed": killed, "url": server.url}
 
 
 def killed_and_resumed(server: Server, workdir: Path, config: dict) -> dict:
@@ -293,6 +242,8 @@ def test_the_key_reaches_no_log_summary_or_shard_file(everything):
                   r"key in SHARDINFER_TEST_WRONG_KEY"),
     ("short", r"generate.server: the server's model 'tiny' takes 34 tokens \(max_model_len\), fewer than "
               r"model.max_length \+ model.max_new_tokens = 35"),
+    ("grammar", r"generate.server: the server at http://127.0.0.1:\d+/v1 refuses structured_outputs "
+                r"\{\"structured_outputs\": \{\"regex\": \"\(\?<=a\)b\".* \(400: "),
 ])
 def test_what_the_server_cannot_take_is_refused_in_one_line_before_any_job(everything, run, message):
     import re
@@ -311,6 +262,35 @@ def test_server_settings_with_another_engine_or_without_a_url_are_refused(causal
     config["generate"] = {"engine": "server"}
     assert "generate.server.url is None; generate.engine server needs the server's OpenAI base URL" in refused(
         run_workflow(tmp_path, config, "-n"), tmp_path)
+
+
+def test_the_engine_contract_holds_on_the_server(everything, causal_lm, tmp_path, monkeypatch):
+    """tests/test_engine_contract.py's check of the pair (generate, server), against this module's
+    server: one row per input row, in order, the columns and types the settings declare, the totals."""
+    import pyarrow.parquet as pq
+
+    from factory import input_frame, workflow_config, write_input
+    from test_engine_contract import ROWS as CONTRACT_ROWS
+    from test_engine_contract import expected_columns, run_pair
+
+    data = write_input(input_frame(CONTRACT_ROWS), tmp_path / "data.parquet")
+    server = {"url": everything["url"], "api_key_env": KEY_ENV}
+    config = workflow_config(data, causal_lm(), "generate", generate={"logprobs": 2, "engine": "server",
+                                                                       "server": server})
+    config["model"].update(max_length=24, max_new_tokens=4)
+    monkeypatch.chdir(tmp_path)
+    stats = run_pair(config, tmp_path)
+    table, declared = pq.read_table(tmp_path / "0.parquet"), expected_columns(config)
+    assert table.column_names == ["index", *config["input"]["keep_columns"], *declared]
+    assert table.column("index").to_pylist() == list(range(CONTRACT_ROWS)) and stats["rows"] == CONTRACT_ROWS
+    assert {name: table.schema.field(name).type for name in declared} == declared
+    assert all(table.column(name).null_count == 0 for name in declared) and stats["generated_tokens"] > 0
+
+
+def test_a_server_engine_spans_no_device_of_the_job():
+    from shardinfer.engines import engine_devices
+
+    assert engine_devices({"model": {"task": "generate"}, "generate": {"engine": "server"}}) == (0, "")
 
 
 def test_retries_back_off_and_obey_retry_after():

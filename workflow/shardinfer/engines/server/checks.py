@@ -7,7 +7,7 @@ Also what the other engines are refused of `generate.server`. Torch-free.
 from __future__ import annotations
 
 from shardinfer.core.errors import UserError
-from shardinfer.engines.server.endpoint import SETTING, Served, ServerOptions, served
+from shardinfer.engines.server.endpoint import SETTING, Served, ServerOptions, client, probe, served
 from shardinfer.settings.schema import defaults
 
 
@@ -30,7 +30,18 @@ def check_server_settings(settings) -> Served:
                         f"(max_model_len), fewer than model.max_length + model.max_new_tokens = {needed}; start it "
                         f"with --max-model-len {needed} or more, or lower model.max_length")
     check_dialect(settings.task_settings, found, options)
+    if settings.task_settings.structured:
+        check_structured(settings.task_settings.structured, found, options)
     return found
+
+
+def check_structured(spec: dict, found: Served, options: ServerOptions) -> None:
+    """`generate.structured` tried on one token: a spec the server's grammar backend refuses would
+    refuse every row."""
+    from shardinfer.engines.server.replies import structured_outputs
+
+    with client(options, min(options.timeout_s, 60.0)) as http:
+        probe(http, options, found.model, found.dialect, {"structured_outputs": structured_outputs(spec)})
 
 
 def check_dialect(section, found: Served, options: ServerOptions) -> None:

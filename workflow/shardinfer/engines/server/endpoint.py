@@ -9,6 +9,7 @@ in one line here, before any job. Torch-free; httpx is imported inside the funct
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import random
@@ -164,7 +165,8 @@ def get_json(http, options: ServerOptions, url: str) -> dict | None:
 
 def model_entry(listing: dict | None, options: ServerOptions) -> dict:
     """The served model's entry in /v1/models: the one named, or the only one listed."""
-    entries = [entry for entry in (listing or {}).get("data") or [] if isinstance(entry, dict) and "id" in entry]
+    listed = (listing.get("data") if isinstance(listing, dict) else None) or []
+    entries = [entry for entry in listed if isinstance(entry, dict) and "id" in entry]
     names = [entry["id"] for entry in entries]
     if options.model is None:
         if len(entries) != 1:
@@ -178,18 +180,18 @@ def model_entry(listing: dict | None, options: ServerOptions) -> dict:
     return entries[names.index(options.model)]
 
 
-def probe_body(model: str, dialect: str, prompt: str) -> dict:
+def probe_body(model: str, dialect: str, prompt: str, extra: dict | None = None) -> dict:
     """A one-token greedy completion of the prompt as rows send it (a token id, or text)."""
     body = {"model": model, "prompt": [0] if prompt == "tokens" else "Hello", "max_tokens": 1, "temperature": 0.0}
-    return {**body, "return_token_ids": True} if dialect == "vllm" else body
+    return {**body, "return_token_ids": True, **(extra or {})} if dialect == "vllm" else body
 
 
-def probe(http, options: ServerOptions, model: str, dialect: str) -> dict:
-    """One small completion as the rows will ask it (its prompt's form, the dialect's fields), retried
-    as rows are: the server takes them, and says its fingerprint."""
+def probe(http, options: ServerOptions, model: str, dialect: str, extra: dict | None = None) -> dict:
+    """One small completion as the rows will ask it (its prompt's form, the dialect's fields, and
+    `extra` of them), retried as rows are: the server takes them, and says its fingerprint."""
     import httpx
 
-    body, why = probe_body(model, dialect, options.prompt), ""
+    body, why = probe_body(model, dialect, options.prompt, extra), ""
     for attempt in range(options.retries + 1):
         try:
             response = http.post(f"{options.url}/completions", json=body)
@@ -202,6 +204,9 @@ def probe(http, options: ServerOptions, model: str, dialect: str) -> dict:
         if response.status_code not in RETRIED:
             break
         time.sleep(delay_s(attempt, response.headers.get("retry-after")))
+    if extra:
+        raise UserError(f"{SETTING}: the server at {options.url} refuses {', '.join(extra)} {json.dumps(extra)[:200]} "
+                        f"({why})")
     raise UserError(f"{SETTING}: the server at {options.url} refused a one-token completion of model {model!r} with "
                     f"the prompt as {options.prompt} ({why}); generate.engine server needs its /v1/completions"
                     + (" to take token ids (set generate.server.prompt: text for a server that takes text only)"
