@@ -28,7 +28,7 @@ import pandas as pd
 import pytest
 
 import patience
-from factory import WORDS, prepare_workdir, read_predictions, run_workflow, run_workflows
+from factory import WORDS, prepare_workdir, read_predictions, run_workflows
 from test_generate import MAX_LENGTH, NEW_TOKENS
 from test_vllm import prompt_texts, refused, vllm_missing
 from vllm_server import Server, free_port
@@ -125,16 +125,10 @@ def runs_with(server: Server, lm: Path, root: Path, data: Path, lines: Path):
         started[name] = patience.Started(command, [workdir], cwd=workdir, env=env)
     server.wait_ready()
     greedy = server_config(data, lm, server.url)
-    wrong_key = server_config(data, lm, server.url, server={"api_key_env": "SHARDINFER_TEST_WRONG_KEY"})
-    short = server_config(data, lm, server.url)
-    short["model"]["max_new_tokens"] = NEW_TOKENS + 1
-    down = server_config(data, lm, f"http://127.0.0.1:{free_port()}/v1")
-    grammar = server_config(data, lm, server.url, structured={"regex": "(?<=a)b"})  # Python's re takes it
     planned = {"greedy": (root / "greedy", with_inputs(greedy, inputs)),
                "batch": (root / "batch", batch_config(greedy, lines)),
                "sampled": (root / "sampled", with_inputs(server_config(data, lm, server.url, **SAMPLING), inputs)),
-               "wrong-key": (root / "wrong-key", wrong_key, "-n"), "short": (root / "short", short, "-n"),
-               "down": (root / "down", down, "-n"), "grammar": (root / "grammar", grammar, "-n")}
+               **{name: (root / name, config, "-n") for name, config in refusals(data, lm, server.url).items()}}
     os.environ["SHARDINFER_TEST_WRONG_KEY"] = "sk-wrong"
     results = dict(zip(planned, run_workflows(list(planned.values()))))
     os.environ.pop("SHARDINFER_TEST_WRONG_KEY")
@@ -144,6 +138,18 @@ def runs_with(server: Server, lm: Path, root: Path, data: Path, lines: Path):
     killed = killed_and_resumed(server, root / "killed", server_config(
         data, lm, server.url, **SAMPLING, server={"concurrency": 1, "retries": 1}))
     yield {"root": root, "results": results, "killed": killed, "url": server.url}
+
+
+def refusals(data: Path, lm: Path, url: str) -> dict[str, dict]:
+    """Configs refused when the Snakefile loads (their dry runs), by name: the refusal test's cases."""
+    configs = {"wrong-key": server_config(data, lm, url, server={"api_key_env": "SHARDINFER_TEST_WRONG_KEY"}),
+               "short": server_config(data, lm, url), "down": server_config(data, lm, f"http://127.0.0.1:{free_port()}/v1"),
+               "grammar": server_config(data, lm, url, structured={"regex": "(?<=a)b"}),  # Python's re takes it
+               "other-engine": server_config(data, lm, "http://127.0.0.1:9/v1"), "no-url": server_config(data, lm, url)}
+    configs["short"]["model"]["max_new_tokens"] = NEW_TOKENS + 1
+    configs["other-engine"]["generate"]["engine"] = "transformers"
+    configs["no-url"]["generate"] = {"engine": "server"}
+    return configs
 
 
 def killed_and_resumed(server: Server, workdir: Path, config: dict) -> dict:
@@ -158,11 +164,6 @@ def killed_and_resumed(server: Server, workdir: Path, config: dict) -> dict:
     server.wait_ready()
     return {"first": first, "committed": committed, "log": log, "workdir": workdir,
             "second": patience.run(command, [workdir], cwd=workdir, env=env)}
-
-
-@pytest.fixture(scope="module")
-def results(everything):
-    return everything["results"]
 
 
 def frame(root: Path, run: str, name: str = "") -> pd.DataFrame:
@@ -244,24 +245,14 @@ def test_the_key_reaches_no_log_summary_or_shard_file(everything):
               r"model.max_length \+ model.max_new_tokens = 35"),
     ("grammar", r"generate.server: the server at http://127.0.0.1:\d+/v1 refuses structured_outputs "
                 r"\{\"structured_outputs\": \{\"regex\": \"\(\?<=a\)b\".* \(400: "),
+    ("other-engine", r"generate.server is set, but generate.engine is transformers: set generate.engine: server"),
+    ("no-url", r"generate.server.url is None; generate.engine server needs the server's OpenAI base URL"),
 ])
 def test_what_the_server_cannot_take_is_refused_in_one_line_before_any_job(everything, run, message):
     import re
 
     line = refused(everything["results"][run], everything["root"] / run)
     assert re.search(message, line), line
-
-
-def test_server_settings_with_another_engine_or_without_a_url_are_refused(causal_lm, tmp_path):
-    data = tmp_path / "prompts.parquet"
-    pd.DataFrame({"id": ["a"], "text": ["red cat"]}).to_parquet(data)
-    config = server_config(data, causal_lm(), "http://127.0.0.1:9/v1")
-    config["generate"]["engine"] = "transformers"
-    assert "generate.server is set, but generate.engine is transformers" in refused(
-        run_workflow(tmp_path, config, "-n"), tmp_path)
-    config["generate"] = {"engine": "server"}
-    assert "generate.server.url is None; generate.engine server needs the server's OpenAI base URL" in refused(
-        run_workflow(tmp_path, config, "-n"), tmp_path)
 
 
 def test_the_engine_contract_holds_on_the_server(everything, causal_lm, tmp_path, monkeypatch):
