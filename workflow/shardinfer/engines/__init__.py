@@ -19,6 +19,7 @@ from shardinfer.tasks import TASKS, task_class
 ENGINES: dict[str, str] = {
     "transformers": "shardinfer.engines.transformers:Transformers",
     "vllm": "shardinfer.engines.vllm.generate:VllmGenerate",
+    "server": "shardinfer.engines.server.generate:ServerGenerate",
 }
 
 
