@@ -38,6 +38,7 @@ from shardinfer.engines.vllm.checks import engine_identity, vllm_version
 from shardinfer.engines.vllm.engine import base_arguments, cpu_defaults, lora_request, start_engine, stop_engine
 from shardinfer.engines.vllm.feeder import Feeder
 from shardinfer.engines.vllm.pooling_checks import POOLING_TYPES, check_pooling_settings, long_max_length
+from shardinfer.hf.tokens import outside_vocabulary
 from shardinfer.tasks.base import LoadContext, Task, Window
 
 # vLLM's pooling task for each workflow task (score's cross-encoder is a one-label classifier)
@@ -103,25 +104,18 @@ class VllmPooling(Engine):
     def collate(self, window: Window, positions: np.ndarray) -> dict:
         """The rows' token ids (an empty row as the pad token alone, as the transformers engine runs
         it), global indices, where a pair's second segment starts (None: one segment), the rows
-        refused before the engine (by position) and, for token-classify, each row's token spans."""
+        refused before the engine (by position: a token id the model has no embedding for, which vLLM,
+        checking against the tokenizer only, would read from a padding row of its table) and, for
+        token-classify, each row's token spans."""
         pad_id, types = self.task.pad_id, window.token_data.get("token_type_ids")
         ids = [list(map(int, window.data[p])) or [pad_id] for p in positions]
         batch = {"ids": ids, "index": (window.first + np.asarray(positions, dtype=np.int64)).tolist(),
                  "segments": [second_segment(types[p]) if types is not None else None for p in positions],
-                 "refused": {k: why for k, row in enumerate(ids) if (why := self.token_problem(row))}}
+                 "refused": {k: f"row {window.first + p}: {why}" for k, (p, row) in enumerate(zip(positions, ids))
+                             if (why := outside_vocabulary(row, self.vocab_size))}}
         if self.pooling_task == "token_classify":
             batch["spans"] = self.task.spans(window, positions)
         return batch
-
-    def token_problem(self, ids: list[int]) -> str | None:
-        """A token id the model has no embedding for (the tokenizer knows more tokens than its table):
-        vLLM checks ids against the tokenizer only, and would read a padding row of its table."""
-        size = self.vocab_size
-        if size is None or 0 <= min(ids) and max(ids) < size:
-            return None
-        position, token = next((k, t) for k, t in enumerate(ids) if not 0 <= t < size)
-        return (f"token id {token} (position {position}) is outside the model's vocabulary (its config's vocab_size "
-                f"{size}: ids 0..{size - 1}); the tokenizer knows tokens the model cannot embed")
 
     def pooling_params(self, segment: int | None = None):
         """Raw outputs (the task normalises), and a pair's second segment as vLLM's scoring passes it."""
