@@ -83,11 +83,11 @@ def test_an_unknown_engine_is_refused_in_one_line_naming_the_known_ones():
 
 def test_an_engine_that_does_not_run_the_task_is_refused_in_one_line():
     with pytest.raises(UserError) as refused:
-        engine_for("embed", {"engine": "vllm"})
-    assert str(refused.value) == "embed.engine 'vllm' does not run task embed; its engines: transformers"
-    with pytest.raises(UserError, match=r"^classify.engine 'vllm' does not run task classify; its engines: "
+        engine_for("custom", {"engine": "vllm"})
+    assert str(refused.value) == "custom.engine 'vllm' does not run task custom; its engines: transformers"
+    with pytest.raises(UserError, match=r"^custom.engine 'vllm' does not run task custom; its engines: "
                                         r"transformers$"):
-        engine_devices({"model": {"task": "classify"}, "classify": {"engine": "vllm"}})
+        engine_devices({"model": {"task": "custom"}, "custom": {"engine": "vllm"}})
 
 
 def test_the_devices_one_engine_spans_come_from_the_engine():
