@@ -64,11 +64,6 @@ class Engine:
         raise NotImplementedError
 
     @classmethod
-    def options(cls, section: Mapping) -> dict:
-        """Its own settings in the task's section (`options_key`): {} when none are given."""
-        return dict((section.get(cls.options_key) if cls.options_key else None) or {})
-
-    @classmethod
     def check_settings(cls, settings: Settings) -> None:
         """Its refusals of the settings, when the Snakefile loads (torch-free): each a one-line
         UserError naming the key, the value and what is allowed."""

@@ -31,7 +31,7 @@ and how a structured row is judged. What the engine gets:
 - **One SamplingParams per row**, from its parameters: `seed=row_seed(generate.seed, global row
   index)`, so a row's samples depend on its prompt, the seed and its index, not on the rows beside
   it in the engine; `n` (vLLM seeds sample j with seed + j: sample 0 is the n = 1 sample);
-  `logprobs`; `structured_outputs` (the spec checked by vLLM's own xgrammar check when the task
+  `logprobs`; `structured_outputs` (the spec checked by vLLM's own xgrammar check when the engine
   loads, since one it refuses would fail every window's call). The engine is started with the
   xgrammar backend pinned and raw log-probabilities (`engine.output_arguments`).
 - **In-process engine** (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): no engine-core process is spawned,
