@@ -24,7 +24,7 @@ import pandas as pd
 import pytest
 
 from factory import REPO, WORDS, input_frame, read_predictions, run_workflows, workflow_config, write_input
-from test_vllm import refused, vllm_missing
+from test_vllm import vllm_missing
 
 pytestmark = pytest.mark.e2e  # every test here reads the module's runs of the workflow on vLLM's pooling runner
 
@@ -202,8 +202,10 @@ def test_the_demos_model_equals_the_transformers_engine_and_sentence_transformer
 
 
 def test_too_many_rows_the_model_cannot_embed_fail_the_shard_in_one_line(runs):
-    workdir, result = runs["errors", "vllm"]
-    line = refused(result, workdir)
+    """(Its folder then holds the rerun's table: the next test.)"""
+    _, result = runs["errors", "vllm"]
+    assert result.returncode != 0
+    line = next(line for line in (result.stdout + result.stderr).splitlines() if "ERROR" in line)
     assert "shard 0: 2 rows failed, more than row_errors.max allows (1); first rows: 20, 40; first error: row 20: " \
            "RowError: row 20: token id" in line
 
@@ -225,5 +227,6 @@ def test_the_rerun_resumes_after_the_committed_windows_and_records_the_rows(runs
                           "cannot embed")
     assert errors[40].startswith(f"RowError: row 40: token id {VOCAB + 1} (position 1) is outside")
     good = [row for row in range(ROWS) if row not in BAD_ROWS]
-    assert np.abs(matrix(vllm["embedding"][good]) - matrix(transformers["embedding"][good])).max() < 1e-5
+    got, expected = matrix(vllm["embedding"][good]), matrix(transformers["embedding"][good])
+    assert np.abs(got - expected).max() < 1e-5 * np.abs(expected).max()  # not normalised: vectors of norm ~5.7
     assert vllm["embedding"][list(BAD_ROWS)].isna().all()
