@@ -63,7 +63,7 @@ PARTS_KEPT = (*(f"results/val/{path}" for path in ("summary.json", "plan.json"))
 BATCH_PREFIX = "storage-batch"
 BATCH_INPUT = "data/batch.jsonl"
 BATCH_IDS = ("line-b", "line-a")
-BATCH_KEPT = ("results/batch_output.jsonl", "results/summary.json")
+BATCH_KEPT = ("results/batch_output.jsonl", "results/batch_errors.jsonl", "results/summary.json")
 
 
 class BucketRun:

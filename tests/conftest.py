@@ -116,6 +116,16 @@ def causal_lm(tmp_path_factory) -> Callable[[int], Path]:
 
 
 @pytest.fixture(scope="session")
+def parts_lm(tmp_path_factory) -> Path:
+    """The tiny byte-level Llama whose chat template loops over content parts (SmolVLM's shape,
+    tiny_models.PARTS_CHAT_TEMPLATE), built once per test run."""
+    lm = made_once(tmp_path_factory, "bytes-lm", tiny_models.build_tiny_bytes_lm) / "tiny-bytes-lm"
+    folder = made_once(tmp_path_factory, "parts-lm", lambda root: tiny_models.with_chat_template(
+        lm, root / "tiny-parts-lm", tiny_models.PARTS_CHAT_TEMPLATE))
+    return folder / "tiny-parts-lm"
+
+
+@pytest.fixture(scope="session")
 def pooling_models(tmp_path_factory) -> dict[str, Path]:
     """tiny_models.build_tiny_pooling_models' BERTs with heads vLLM's CPU build runs (encoder and its
     LoRA, classifier, cross-encoder, tagger), built once per test run, by name."""

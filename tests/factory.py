@@ -177,3 +177,21 @@ def workflow_clone(folder: Path) -> Path:
     subprocess.run(["git", "init", "-q"], cwd=folder, check=True)
     subprocess.run(["git", "add", "-A"], cwd=folder, check=True)
     return folder
+
+
+def gather_job(plan_path, shard_paths, inp, model: dict, digest: str, table, summary, output=None, **fields):
+    """A GatherJob as the gather rule builds it (workflow/scripts/gather.py): the table at `table` (a
+    file; of output.layout parts, the folder), the other writers' files beside the summary."""
+    from shardinfer.output import chosen_writers, writer_files
+    from shardinfer.proof.gather import GatherJob
+    from shardinfer.proof.manifest import MANIFEST_NAME
+    from shardinfer.settings.config import OutputSettings
+
+    output = output or OutputSettings()
+    files = writer_files(chosen_writers(output, inp), output.parts, str(Path(summary).parent))
+    key = "manifest" if output.parts else "predictions"
+    if key in files:
+        files[key] = str(Path(table) / MANIFEST_NAME) if output.parts else str(table)
+    fields = {name: tuple(value) if isinstance(value, list) else value for name, value in fields.items()}
+    return GatherJob(str(plan_path), tuple(map(str, shard_paths)), inp, model, digest,
+                     {**files, "summary": str(summary)}, output, **fields)

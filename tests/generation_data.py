@@ -48,14 +48,28 @@ def conversations(rows: int = ROWS, seed: int = 5) -> list[list[dict]]:
     return out
 
 
-def write_conversations(path: Path, rows: int = ROWS) -> Path:
-    """The conversations with an `id` column, as Parquet (list<struct>) or JSONL (arrays of objects)."""
+def as_text_parts(conversation: list[dict], split: bool = False) -> list[dict]:
+    """Each content as one text part; `split`: a content of several words as two parts, its first
+    word and the rest (their texts joined are the content)."""
+    def parts(text: str) -> list[dict]:
+        cut = text.find(" ") if split else -1
+        pieces = [text[:cut], text[cut:]] if cut > 0 else [text]
+        return [{"type": "text", "text": piece} for piece in pieces]
+
+    return [{**message, "content": parts(message["content"])} for message in conversation]
+
+
+def write_conversations(path: Path, rows: int = ROWS, parts: bool = False) -> Path:
+    """The conversations with an `id` column, as Parquet (list<struct>) or JSONL (arrays of objects);
+    `parts`: each content a list of text parts (HF's chat format), row 1's in two parts."""
     import json
 
     import pyarrow.parquet as pq
 
     path.parent.mkdir(parents=True, exist_ok=True)
     values = conversations(rows)
+    if parts:
+        values = [as_text_parts(conversation, split=i == 1) for i, conversation in enumerate(values)]
     if path.suffix == ".parquet":
         pq.write_table(pa.table({"id": [f"c{i}" for i in range(rows)], "messages": values}), path)
     else:

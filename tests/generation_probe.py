@@ -8,12 +8,15 @@ for tests/test_generation.py to compare: `one_window` (every row in one engine c
 computes), `n4` (4 samples per row), `reversed` (2 samples, the windows in reverse order), `subset`
 (rows 5..8 alone), `greedy` (greedy, top 2 log-probabilities), `choice` (greedy, a choice among
 CHOICES) and `cut` (json within 6 new tokens). `n4`, `greedy`, `choice` and `cut` give every row
-parameters of its own (`PromptRows.params`), as a per-row input would.
+parameters of its own (`PromptRows.params`), as a per-row input would. Then `chat.json`
+(`chat_facts`): vLLM's `LLM.chat` prompt ids on the same engine beside the task's, and vLLM's own
+content format of tests/chat_templates.py's templates and of those vLLM ships.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from pathlib import Path
 
@@ -47,6 +50,55 @@ def main(workdir: str, out: str) -> None:
     Path(out).mkdir(parents=True, exist_ok=True)
     for name, result in tables.items():
         pq.write_table(result, Path(out) / f"{name}.parquet")
+    (Path(out) / "chat.json").write_text(json.dumps(chat_facts(engine, table)))
+
+
+SYSTEM = "answer in json"
+TEXTS = ["the cat sat", "big red house and a small boat", "happy"]
+# Batch lines' messages: a string, text parts, a system message.
+LINES = [[{"role": "user", "content": "the cat sat"}],
+         [{"role": "user", "content": [{"type": "text", "text": "red"}, {"type": "text", "text": " cat"}]}],
+         [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "go"}]}]]
+
+
+def chat_facts(engine, table) -> dict:
+    """`LLM.chat`'s prompt ids (one new token each, on the task's engine) beside the task's: the rows
+    that fit max_length as given (the Parquet's text parts) and as strings, TEXTS under the chat
+    template with SYSTEM, and LINES as batch lines; row 1 rendered; vLLM's content formats."""
+    import pyarrow as pa
+    import vllm
+    from vllm import SamplingParams
+
+    from chat_templates import TEMPLATES
+    from shardinfer.input.formats.openai_batch import line_of
+    from shardinfer.tasks.generate.chat_content import vllm_content_format
+    from shardinfer.tasks.generate.prompts import Conversations, prompt_token_ids, text_prompts
+
+    def chat(conversations: list) -> list[list[int]]:
+        outputs = engine.llm.chat(conversations, SamplingParams(max_tokens=1), use_tqdm=False)
+        return [list(output.prompt_token_ids) for output in outputs]
+
+    task = engine.task
+    window = task.prepare(0, table)
+    rows = [i for i in range(window.rows) if i not in window.truncated]
+    given = [table.column("messages")[i].as_py() for i in rows]
+    strings = [[{**m, "content": "".join(p["text"] for p in m["content"])} for m in c] for c in given]
+    max_length = task.settings.model.max_length
+    prompts, _ = text_prompts(task.tokenizer, pa.array(TEXTS), False, True, SYSTEM, task.form)
+    lines = [line_of(json.dumps({"custom_id": "a", "url": "/v1/chat/completions", "body": {"messages": m}}).encode(),
+                     {})[0]["messages"] for m in LINES]
+    conversations = Conversations(task.tokenizer, max_length, None, "lines", task.form)
+    shipped = Path(vllm.__file__).parent / "transformers_utils" / "chat_templates"
+    templates = {**{name: template for name, (template, _) in TEMPLATES.items()},
+                 **{path.name: path.read_text() for path in sorted(shipped.glob("*.jinja"))}}
+    return {"rows": rows, "ours": [list(map(int, window.data.ids[i])) for i in rows],
+            "chat_given": chat(given), "chat_strings": chat(strings),
+            "decoded": task.tokenizer.decode(window.data.ids[1]),
+            "texts_ours": prompt_token_ids(task.tokenizer, prompts, max_length, True)[0],
+            "texts_chat": chat([[{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
+                                for text in TEXTS]),
+            "lines_ours": [conversations.fitted(messages)[0] for messages in lines], "lines_chat": chat(LINES),
+            "formats": {name: [template, vllm_content_format(template)] for name, template in templates.items()}}
 
 
 def greedy(base):

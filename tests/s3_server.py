@@ -69,6 +69,15 @@ class S3Server:
         return ["--default-storage-prefix", self.url(prefix), "--storage-s3-endpoint-url", self.endpoint]
 
 
+def free_port() -> int:
+    """A port nothing listens on (taken from the kernel, then let go): an endpoint out of reach."""
+    import socket
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        return free.getsockname()[1]
+
+
 def start(folder: Path) -> S3Server:
     """Start the server (tests/storage/start-s3); raises RuntimeError saying why it did not come up,
     or why the plugins that reach it are missing."""

@@ -1,16 +1,20 @@
 """The OpenAI batch file in and out (`input.format: openai_batch`), through real `snakemake` runs on
-both engines over the tiny byte-level Llama, its output checked with the `openai` package's own types.
+both engines over the tiny byte-level Llama with a chat template that loops over content parts
+(tiny_models.PARTS_CHAT_TEMPLATE), its output checked with the `openai` package's own types.
 
-- transformers, 1 shard and 3 shards, `row_errors: record`, a line the chat template refuses: every
-  output line answers its input line's custom_id, in order, each body a `ChatCompletion`, the bad
-  line an error line (`BatchError`); the 3-shard file is the 1-shard file, byte for byte.
+- transformers, 1 shard and 3 shards, `row_errors: record`, a line the chat template refuses: as
+  OpenAI's files, every output line a success answering its input line's custom_id, in order, each
+  body a `ChatCompletion`, and the bad line in the error file alone (status 400, its body's error an
+  `ErrorObject`); the 3-shard files are the 1-shard files, byte for byte.
 - vLLM, 1 shard, the same lines without the bad one: each line's own parameters are honoured on
   both engines (max_tokens, n, stop, logprobs with top_logprobs, a JSON schema), and its greedy
   lines are the transformers engine's. Three more lines on vLLM alone: a strong logit_bias forces
   its token; penalties and biases pick each token as OpenAI defines them (checked on the raw
   log-probabilities of the top 20); neutral values give the clean line.
-- The proof covers the file: gather again from the proven shards gives the same file; a shard with
-  one edited text gives neither file.
+- A line of text parts (and a system message of one) is rendered, on both engines, with its parts
+  as they are: what `LLM.chat` gives a template over parts (tests/test_generation.py asks it).
+- The proof covers the files: gather again from the proven shards gives the same files; a shard with
+  one edited text gives none of them.
 - Refusals (a custom_id twice, another url, a key that would change the output, a value out of
   range, max_tokens above model.max_new_tokens, penalties with the transformers engine, a bad
   logit_bias, settings the lines give) are one line each, at the plan's scan, naming the file's line.
@@ -31,7 +35,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import made_once
-from factory import WORDS, read_predictions, run_workflows
+from factory import WORDS, gather_job, read_predictions, run_workflows
 from generation_data import SCHEMA, settings_of
 from shardinfer.contract.shard_file import IDENTITY_KEY
 from shardinfer.core.errors import ProofError, UserError
@@ -48,6 +52,7 @@ if vllm_missing():
 pytestmark = pytest.mark.e2e
 URL = "/v1/chat/completions"
 BAD = "request-6"  # a role the chat template refuses
+PARTS_LINE = 10  # its messages' contents given as text parts
 # Each line's own parameters (the rest: greedy, at most 4 tokens)
 OWN = {0: {"max_tokens": 2, "temperature": 0},
        1: {"n": 3, "temperature": 1.2, "seed": 3, "max_tokens": 8},
@@ -71,6 +76,10 @@ def request(i: int, **body) -> dict:
 def batch_lines(bad: bool = True) -> list[dict]:
     lines = [request(i, **OWN.get(i, {"temperature": 0, "max_tokens": 4})) for i in range(LINES)]
     lines[6]["body"]["messages"] = [{"role": "tool", "content": "a tool's answer"}]
+    lines[PARTS_LINE]["body"]["messages"] = [
+        {"role": "system", "content": [{"type": "text", "text": "be brief"}]},
+        {"role": "user", "content": [{"type": "text", "text": WORDS[10]},
+                                     {"type": "text", "text": " " + " ".join(WORDS[11:14])}]}]
     return lines if bad else [line for line in lines if line["custom_id"] != BAD]
 
 
@@ -121,24 +130,24 @@ def batch_settings(bytes_lm, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def runs(bytes_lm, tmp_path_factory) -> dict[str, Path]:
+def runs(parts_lm, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("batch-runs")
     with_bad = write_lines(root / "data" / "batch.jsonl", batch_lines())
     from transformers import AutoTokenizer
 
     good = write_lines(root / "data" / "good.jsonl",
-                       batch_lines(bad=False) + vllm_lines(AutoTokenizer.from_pretrained(bytes_lm)))
-    planned = {"hf-1": batch_config(with_bad, bytes_lm, 1, "transformers"),
-               "hf-3": batch_config(with_bad, bytes_lm, 3, "transformers"),
-               "vllm-1": batch_config(good, bytes_lm, 1, "vllm")}
+                       batch_lines(bad=False) + vllm_lines(AutoTokenizer.from_pretrained(parts_lm)))
+    planned = {"hf-1": batch_config(with_bad, parts_lm, 1, "transformers"),
+               "hf-3": batch_config(with_bad, parts_lm, 3, "transformers"),
+               "vllm-1": batch_config(good, parts_lm, 1, "vllm")}
     results = run_workflows([(root / name, config) for name, config in planned.items()])
     for result in results:
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     return {name: root / name for name in planned}
 
 
-def output_of(workdir: Path) -> list[dict]:
-    return [json.loads(line) for line in (workdir / "results" / "batch_output.jsonl").read_text().splitlines()]
+def output_of(workdir: Path, name: str = "batch_output") -> list[dict]:
+    return [json.loads(line) for line in (workdir / "results" / f"{name}.jsonl").read_text().splitlines()]
 
 
 def choices(line: dict) -> list[dict]:
@@ -146,30 +155,37 @@ def choices(line: dict) -> list[dict]:
 
 
 def test_every_line_answers_its_request_in_order_as_openai_types_read_it(runs):
-    from openai.types import BatchError
+    """As OpenAI's files: every output line a success whose body is a `ChatCompletion` (a consumer
+    reads `response.body` of each), the failed request in the error file alone, as OpenAI writes a
+    request that failed (status 400, `body.error` an `ErrorObject`); each custom_id in one of them."""
     from openai.types.chat import ChatCompletion
+    from openai.types.shared import ErrorObject
 
-    out = output_of(runs["hf-1"])
-    assert [line["custom_id"] for line in out] == [line["custom_id"] for line in batch_lines()]
+    out, errors = output_of(runs["hf-1"]), output_of(runs["hf-1"], "batch_errors")
+    requests = [line["custom_id"] for line in batch_lines()]
+    assert [line["custom_id"] for line in out] == [cid for cid in requests if cid != BAD]
+    assert [line["custom_id"] for line in errors] == [BAD]
     for line in out:
         assert set(line) == {"id", "custom_id", "response", "error"} and line["id"].startswith("batch_req_")
-        if line["custom_id"] == BAD:  # an error line, not a missing one
-            assert line["response"] is None
-            error = BatchError.model_validate(line["error"])
-            assert error.code == "row_error" and "unknown role tool" in error.message and "row 6" in error.message
-            continue
         assert line["error"] is None and line["response"]["status_code"] == 200
         body = ChatCompletion.model_validate(line["response"]["body"])
         assert body.object == "chat.completion" and body.model == "gpt-4o-mini"
         assert body.usage.total_tokens == body.usage.prompt_tokens + body.usage.completion_tokens
+    (failed,) = errors
+    assert set(failed) == {"id", "custom_id", "response", "error"} and failed["error"] is None
+    assert failed["response"]["status_code"] == 400 and failed["response"]["request_id"].startswith("req_")
+    error = ErrorObject.model_validate(failed["response"]["body"]["error"])
+    assert error.code == "row_error" and error.type == "invalid_request_error"
+    assert "unknown role tool" in error.message and "row 6" in error.message
     table = read_predictions(runs["hf-1"])
-    assert table["custom_id"].tolist() == [line["custom_id"] for line in out]
-    assert table["error"].notna().tolist() == [line["custom_id"] == BAD for line in out]
+    assert table["custom_id"].tolist() == requests
+    assert table["error"].notna().tolist() == [cid == BAD for cid in requests]
 
 
-def test_three_shards_write_the_one_shard_file_byte_for_byte(runs):
-    one, three = (runs[name] / "results" / "batch_output.jsonl" for name in ("hf-1", "hf-3"))
-    assert one.read_bytes() == three.read_bytes()
+def test_three_shards_write_the_one_shard_files_byte_for_byte(runs):
+    for name in ("batch_output.jsonl", "batch_errors.jsonl"):
+        one, three = (runs[run] / "results" / name for run in ("hf-1", "hf-3"))
+        assert one.read_bytes() == three.read_bytes()
 
 
 @pytest.mark.parametrize("run", ["hf-1", "vllm-1"])
@@ -195,6 +211,21 @@ def test_each_line_s_own_parameters_are_honoured(runs, run):
     assert "e" not in stopped["message"]["content"]
     assert usage["request-5"]["completion_tokens"] <= 6
     assert all(usage[f"request-{i}"]["completion_tokens"] <= 4 for i in range(7, LINES))
+
+
+def test_a_line_of_text_parts_gets_its_parts_on_both_engines(runs, parts_lm):
+    """The template loops over parts: each engine's prompt is the template's own rendering of the
+    line's parts (LLM.chat's for such a template), every text in it."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(parts_lm)
+    messages = batch_lines()[PARTS_LINE]["body"]["messages"]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    words = " ".join(WORDS[10:14])
+    assert tokenizer.decode(ids) == f"<s><|system|>be brief<|end|><|user|>{words}<|end|><|assistant|>"
+    for run in ("hf-1", "vllm-1"):
+        line = next(line for line in output_of(runs[run]) if line["custom_id"] == f"request-{PARTS_LINE}")
+        assert line["response"]["body"]["usage"]["prompt_tokens"] == len(ids), run
 
 
 def test_greedy_lines_are_the_same_on_both_engines(runs):
@@ -238,19 +269,18 @@ def gather_again(workdir: Path, out: Path, shard_paths: list[str]) -> None:
 
     settings = settings_of(workdir)
     digest = json.loads(pq.ParquetFile(shard_paths[0]).metadata.metadata[IDENTITY_KEY])["digest"]
-    run_gather(str(workdir / "results" / "plan.json"), shard_paths, settings.input, {"path": settings.model.path},
-               digest, str(out / "predictions.parquet"), str(out / "summary.json"),
-               batch_output=str(out / "batch_output.jsonl"))
+    run_gather(gather_job(workdir / "results" / "plan.json", shard_paths, settings.input,
+                          {"path": settings.model.path}, digest, out / "predictions.parquet", out / "summary.json"))
 
 
 def test_the_proof_covers_the_batch_output_file(runs, tmp_path):
-    """Gathered again from the run's shards: the same file. With one text of shard 1 edited (its
-    metadata kept): refused, and neither the table nor the batch file is written."""
+    """Gathered again from the run's shards: the same files. With one text of shard 1 edited (its
+    metadata kept): refused, and none of the table and the batch files is written."""
     workdir = runs["hf-3"]
     shard_paths = [str(workdir / "results" / "shards" / f"{shard}.parquet") for shard in range(3)]
     gather_again(workdir, tmp_path / "again", shard_paths)
-    assert (tmp_path / "again" / "batch_output.jsonl").read_bytes() == (
-        workdir / "results" / "batch_output.jsonl").read_bytes()
+    for name in ("batch_output.jsonl", "batch_errors.jsonl"):
+        assert (tmp_path / "again" / name).read_bytes() == (workdir / "results" / name).read_bytes()
     copies = [tmp_path / "shards" / Path(path).name for path in shard_paths]  # one folder, as gather reads it
     copies[0].parent.mkdir()
     for path, copy in zip(shard_paths, copies):
@@ -267,7 +297,7 @@ def test_the_proof_covers_the_batch_output_file(runs, tmp_path):
         writer.add_key_value_metadata({k: v for k, v in file.metadata.metadata.items() if k != b"ARROW:schema"})
     with pytest.raises(ProofError, match="shard 1 .*its values are not those its job wrote"):
         gather_again(workdir, tmp_path / "edited", list(map(str, copies)))
-    assert not any((tmp_path / "edited").glob("*"))  # neither file, no partial one
+    assert not any((tmp_path / "edited").glob("*")) and not any((tmp_path / "edited").glob(".*"))  # no partial
 
 
 def refusal(tmp_path: Path, lines: list, settings) -> str:

@@ -325,6 +325,12 @@ use rule * from shardinfer as shardinfer_*
 @pytest.mark.parametrize("change,message", [
     ({"shards": 0}, r"ERROR: config `shards`: 0 is not allowed; give an integer >= 1 or `auto`"),
     ({"model": {"path": "no-model"}}, r"ERROR: model.path `no-model` is not a Hugging Face model directory .*"),
+    # `enum: [yes, no]` as YAML reads it (the config file's `[true, false]`)
+    ({"model": {"task": "generate", "max_new_tokens": 4},
+      "generate": {"structured": {"json": {"properties": {"label": {"enum": [True, False]}}}}}},
+     r"ERROR: generate.structured.json: `properties.label.enum` holds \[True, False\] without `type: boolean` beside "
+     r"it: YAML reads bare yes, no, on, off, true and false as booleans; quote the words \(enum: \['yes', 'no'\]\), "
+     r"or add type: boolean where booleans are meant"),
 ])
 @pytest.mark.e2e
 def test_a_config_error_is_its_error_line_alone_on_the_terminal(tmp_path, as_module, change, message):

@@ -1,16 +1,20 @@
 """The docs' lists have one source each (scripts/config_docs.py writes them): the key table of
 config/README.md and docs/configuration.md is the schema's keys, defaults, allowed values and
 descriptions; the lists of formats and tasks in README.md, config/README.md, config/config.yaml and
-the docs site's pages are the registries'. A file that is not as written fails here, naming the
-command that rewrites it; so does a list that a registry change (a new format's module) leaves
-behind. The messages that list formats or tasks take them from the registries too."""
+the docs site's pages are the registries'; the task pages' table is mkdocs.yml's nav and the
+example configs'; the architecture page's module list is the package's rooms and docstrings. A
+file that is not as written fails here, naming the command that rewrites it; so does a list that a
+registry change (a new format's module) leaves behind. The messages that list formats or tasks take
+them from the registries too, and a task that a schema description names is a registered one."""
 
 import re
 
 import pytest
 
 import config_docs as DOCS
+import package_docs
 from factory import REPO
+from shardinfer import ROOMS
 from shardinfer.core.errors import UserError
 from shardinfer.input import formats
 from shardinfer.input.discovery import detect_format
@@ -18,7 +22,7 @@ from shardinfer.input.formats import all_formats
 from shardinfer.input.formats.parquet import Parquet
 from shardinfer.settings.schema import schema
 from shardinfer.snakefile.checks import check_storage_inputs
-from shardinfer.tasks import TASKS, may_write_files
+from shardinfer.tasks import TASKS, may_write_files, task_class
 
 
 def test_the_docs_are_as_written_from_the_schema_and_the_registries():
@@ -113,3 +117,86 @@ def test_the_messages_list_the_formats_and_tasks_of_the_registries(tmp_path):
     with pytest.raises(UserError) as caught:
         check_storage_inputs({"input": {"path": "x"}, "model": {"task": "custom"}, "shards": 1})
     assert f"({', '.join(name for name in TASKS if not may_write_files(name))})" in str(caught.value)
+
+
+def schema_descriptions(node, key: str = "") -> list[tuple[str, str]]:
+    """Every description in the schema, sections' own included, with the key it describes."""
+    found = [(key, " ".join(node["description"].split()))] if isinstance(node.get("description"), str) else []
+    for name, child in node.get("properties", {}).items():
+        found += schema_descriptions(child, f"{key}.{name}".strip("."))
+    for choice in node.get("oneOf", []) + [node.get("additionalProperties")]:
+        found += schema_descriptions(choice, key) if isinstance(choice, dict) else []
+    return found
+
+
+# How a description names tasks as tasks: "task custom", "tasks `classify` and `generate`", "the
+# embed task", or a list in backticks after "task ...": "a task without a metric (`embed`, `score`)".
+NAMED = (r"(?<![-\w])tasks? ((?:`[a-z][\w-]*`(?:, | and | or )?)+|[a-z][\w-]*)", r"\bthe (`?[a-z][\w-]*`?) task\b",
+         r"\btasks?\b[^.;()]*\(((?:`[a-z][\w-]*`(?:, | and | or )?)+)\)")
+NOT_NAMES = {"of", "output", "loads", "without", "but"}  # words that follow "task" in a description, naming none
+
+
+def named_tasks(text: str) -> set[str]:
+    found = set()
+    for pattern in NAMED:
+        for match in re.finditer(pattern, text):
+            found |= {name.strip("`") for name in re.split(r", | and | or ", match[1])}
+    return found - NOT_NAMES
+
+
+def test_a_task_named_by_a_schema_description_is_registered():
+    assert named_tasks("for task custom, the embed task, and tasks `classify` and `generate`.") == {
+        "custom", "embed", "classify", "generate"}
+    assert named_tasks("a task without a metric (`embed`, `score`); the task loads; --task row-errors") == {
+        "embed", "score"}
+    named = {key: named_tasks(text) for key, text in schema_descriptions(schema())}
+    unknown = {key: names - set(TASKS) for key, names in named.items() if names - set(TASKS)}
+    assert not unknown, f"schema descriptions name tasks that are not registered: {unknown}"
+    assert {"custom", "generate", "embed", "score"} <= set().union(*named.values())
+
+
+def test_evaluate_describes_each_task_with_a_metric():
+    """evaluate.label_column's description says how each task with a metric is scored, `task`: ...,
+    and leaves the others to "any but those above"."""
+    text = dict(schema_descriptions(schema()))["evaluate.label_column"]
+    scored = [name for name in TASKS if task_class(name).reporting.scored_as]
+    assert scored and all(f"`{name}`: " in text for name in scored)
+    assert not [name for name in TASKS if name not in scored and f"`{name}`" in text]
+
+
+def test_the_module_list_follows_the_rooms_and_refuses_a_module_without_a_docstring(tmp_path):
+    for room, modules in {"ground": {"a": '"""A first. Then more."""', "b": '"""B leads in:\n\n    x\n"""'},
+                          "top": {"c": '"""C, on top."""'}}.items():
+        (tmp_path / room).mkdir()
+        (tmp_path / room / "__init__.py").write_text(f'"""The {room} room.\n\nIts second paragraph."""\n')
+        for name, doc in modules.items():
+            (tmp_path / room / f"{name}.py").write_text(doc + "\n")
+    assert package_docs.room_list(tmp_path, ("ground", "top")) == [
+        "", "**`ground/`**: The ground room.", "", "Its second paragraph.", "", "- `a`: A first.", "- `b`: B leads in.",
+        "", "**`top/`**: The top room.", "", "Its second paragraph.", "", "- `c`: C, on top.", ""]
+    (tmp_path / "top" / "d.py").write_text("import os\n")
+    with pytest.raises(SystemExit, match="d.py has no docstring"):
+        package_docs.room_list(tmp_path, ("ground", "top"))
+
+
+def test_every_module_and_room_is_in_the_architecture_page():
+    text = (REPO / "docs" / "development" / "architecture.md").read_text()
+    package = REPO / "workflow" / "shardinfer"
+    assert all(f"**`{room}/`**" in text for room in ROOMS)
+    missing = [str(path.relative_to(package)) for path in package.rglob("*.py")
+               if path.name != "__init__.py" and f"- `{path.stem}`: " not in text]
+    assert not missing
+
+
+def test_each_task_has_its_pages_in_the_nav_and_its_example_configs():
+    rows = DOCS.task_pages()[2:]
+    assert [row.split(" | ")[0].strip("| `") for row in rows] == list(TASKS)
+    assert DOCS.nav_entry("generate")[0] == ("generate", "generate.md") and len(DOCS.nav_entry("generate")) > 1
+    assert "`examples/image-transfer/config.yaml`" in next(row for row in rows if row.startswith("| `custom`"))
+
+
+def test_batch_max_tokens_names_the_tasks_of_one_forward_pass():
+    """`batch.max_tokens: auto`'s smaller CPU budget is for the tasks that declare `one_pass`."""
+    text = dict(schema_descriptions(schema()))["batch.max_tokens"]
+    listed = re.search(r"one forward pass per batch \(([^)]*)\)", text)[1]
+    assert re.findall(r"`([\w-]+)`", listed) == [name for name in TASKS if task_class(name).one_pass]

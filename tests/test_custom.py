@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from factory import REPO, python_env, read_predictions, run_workflows_ok
+from factory import REPO, gather_job, python_env, read_predictions, run_workflows_ok
 from shardinfer.contract.shard_file import IDENTITY_KEY
 from shardinfer.core.errors import ProofError, UserError
 from shardinfer.plan.plan_file import remove_stale_shards, run_plan
@@ -124,8 +124,9 @@ def gather_copy(workdir: Path, tmp_path: Path, tamper) -> Path:
     tamper(copy / "results" / "files")
     settings = settings_from_config(json_roundtrip(example_config(3)))
     shards = [f"results/shards/{i}.parquet" for i in range(3)]
-    run_gather("results/plan.json", shards, settings.input, settings.to_dict()["model"], output_digest(settings),
-               "results/out.parquet", "results/out.json", files_folders=[f"results/files/{i}" for i in range(3)])
+    run_gather(gather_job("results/plan.json", shards, settings.input, settings.to_dict()["model"],
+                          output_digest(settings), "results/out.parquet", "results/out.json",
+                          files_folders=[f"results/files/{i}" for i in range(3)]))
     return copy
 
 

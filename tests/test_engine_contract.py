@@ -169,7 +169,7 @@ def test_a_task_on_an_engine_writes_the_columns_its_settings_declare(task, engin
     assert table.column("index").to_pylist() == list(range(ROWS)) and stats["rows"] == ROWS
     assert {name: table.schema.field(name).type for name in declared} == declared
     assert all(table.column(name).null_count == 0 for name in declared)
-    assert set(task_class(task).totals) <= set(stats)
+    assert set(task_class(task).reporting.totals) <= set(stats)
 
 
 if __name__ == "__main__":

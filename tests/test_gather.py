@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from factory import flip_a_data_page_byte, input_frame, input_settings, write_input
+from factory import flip_a_data_page_byte, gather_job, input_frame, input_settings, write_input
 from shardinfer.contract.content_digest import CONTENT_KEY
 from shardinfer.contract.shard_file import IDENTITY_KEY
 from shardinfer.core.errors import ProofError, UserError
@@ -41,8 +41,8 @@ def shards(models, tmp_path_factory):
 
 def gather(root, inp, paths, digest=DIGEST):
     out = root / "out"
-    return run_gather(str(root / "plan.json"), paths, inp, {}, digest, str(out / "predictions.parquet"),
-                      str(out / "summary.json"))
+    return run_gather(gather_job(root / "plan.json", paths, inp, {}, digest, out / "predictions.parquet",
+                                 out / "summary.json"))
 
 
 def tampered(paths, tmp_path, shard, change):
@@ -162,8 +162,8 @@ def test_input_changed_after_planning_is_refused_before_writing(tmp_path):
     write_input(input_frame(11), tmp_path / "in.parquet")
     out = tmp_path / "out" / "predictions.parquet"
     with pytest.raises(UserError, match=r"input `.*in.parquet` changed since planning .*rerun the plan"):
-        run_gather(str(tmp_path / "plan.json"), [str(tmp_path / "0.parquet"), str(tmp_path / "1.parquet")], inp, {},
-                   DIGEST, str(out), str(tmp_path / "out" / "summary.json"))
+        run_gather(gather_job(tmp_path / "plan.json", [tmp_path / "0.parquet", tmp_path / "1.parquet"], inp, {},
+                              DIGEST, out, tmp_path / "out" / "summary.json"))
     assert not out.exists()
 
 
@@ -213,8 +213,8 @@ def test_input_edited_with_the_same_size_and_mtime_is_refused_by_its_content_dig
     out = tmp_path / "out" / "predictions.parquet"
     with pytest.raises(ProofError, match=r"^input `.*in.csv` changed since planning: same size and mtime, other "
                                          r"content \(sha256:\w+ -> sha256:\w+\); rerun the plan") as caught:
-        run_gather(str(tmp_path / "plan.json"), [str(tmp_path / "0.parquet"), str(tmp_path / "1.parquet")], inp, {},
-                   DIGEST, str(out), str(tmp_path / "out" / "summary.json"))
+        run_gather(gather_job(tmp_path / "plan.json", [tmp_path / "0.parquet", tmp_path / "1.parquet"], inp, {},
+                              DIGEST, out, tmp_path / "out" / "summary.json"))
     assert "\n" not in str(caught.value)
     assert not out.exists()
 
@@ -237,8 +237,8 @@ def empty_run(root, task="classify", model_path="unused"):
 def test_an_input_without_rows_gathers_into_an_empty_proven_table(tmp_path):
     inp, paths = empty_run(tmp_path)
     out = tmp_path / "out"
-    report = run_gather(str(tmp_path / "plan.json"), paths, inp, {"task": "classify"}, DIGEST,
-                        str(out / "predictions.parquet"), str(out / "summary.json"))
+    report = run_gather(gather_job(tmp_path / "plan.json", paths, inp, {"task": "classify"}, DIGEST,
+                                   out / "predictions.parquet", out / "summary.json"))
     table = pq.read_table(out / "predictions.parquet")
     assert table.num_rows == 0 and report["rows"] == 0 and report["run"]["rows"] == 0
     assert table.schema.names == ["index", "id", "gold", "label", "label_id", "probs"]
@@ -255,8 +255,8 @@ def test_an_input_without_rows_that_changed_since_planning_is_refused(tmp_path):
     path.write_bytes(data.replace(b"parquet-cpp-arrow", b"parquet-cpp-arroW"))
     os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
     with pytest.raises(ProofError, match="changed since planning: same size and mtime, other content"):
-        run_gather(str(tmp_path / "plan.json"), paths, inp, {"task": "classify"}, DIGEST,
-                   str(tmp_path / "out" / "predictions.parquet"), str(tmp_path / "out" / "summary.json"))
+        run_gather(gather_job(tmp_path / "plan.json", paths, inp, {"task": "classify"}, DIGEST,
+                              tmp_path / "out" / "predictions.parquet", tmp_path / "out" / "summary.json"))
     assert not (tmp_path / "out" / "predictions.parquet").exists()
 
 
@@ -268,5 +268,5 @@ def test_a_custom_task_on_an_input_without_rows_is_refused_in_one_line(tmp_path)
     inp = input_settings(write_empty_input(root / "in.parquet"), keep_columns=("id",))
     run_plan(inp, 2, 32, str(root / "plan.json"))
     with pytest.raises(UserError, match=r"has no rows, and task custom names its output columns only when its code"):
-        run_gather(str(root / "plan.json"), [], inp, {"task": "custom"}, DIGEST, str(root / "p.parquet"),
-                   str(root / "s.json"))
+        run_gather(gather_job(root / "plan.json", [], inp, {"task": "custom"}, DIGEST, root / "p.parquet",
+                              root / "s.json"))

@@ -67,3 +67,13 @@ def test_the_plan_refuses_a_column_without_conversations(tmp_path, lm):
     from shardinfer.input.scan import CHARS_PER_MESSAGE
 
     assert make_plan(inp, 1, MAX_LENGTH).costs == (-(-(2 + CHARS_PER_MESSAGE) // 4) + 2,)  # "hi" and one message
+
+
+def test_generate_n_makes_a_new_plan(tmp_path, lm):
+    """The plan balances max_new_tokens x n per row (the plan rule's `overhead` param): another n is
+    another plan, as docs/configuration.md's "What reruns what" says."""
+    from shardinfer.tasks import task_class
+
+    overhead = task_class("generate").cost.overhead
+    assert overhead(checked(tmp_path, lm, {})) == 8
+    assert overhead(checked(tmp_path, lm, {"n": 2, "do_sample": True})) == 16

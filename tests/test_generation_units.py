@@ -233,7 +233,7 @@ def test_conversations_render_with_the_template_and_count_cuts(task):
 
 @pytest.mark.parametrize("conversation,why", [
     ([], "the conversation is empty"),
-    ([{"role": "user"}], "message 0 has no string content (missing)"),
+    ([{"role": "user"}], "message 0 has no string or list content (missing)"),
     ([{"role": "user", "content": "a"}, {"content": "b"}], "message 1 has no string role (missing)"),
     ([{"role": "tool", "content": "a"}], "the chat template refuses it (unknown role tool)"),
 ])

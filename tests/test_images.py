@@ -1,6 +1,7 @@
 """Images in (`input.image_column`): a tiny vision-language model (Idefics3, tests/tiny_vlm.py) through
 real `snakemake` runs on both engines, and the rules that place images in a prompt.
 
+The model's chat template has SmolVLM's shape (it loops over content parts, no branch for a string).
 Two runs, made together and shared, both through the chat template (each image a part in front of
 its prompt, unless the prompt places it) and with `row_errors: record`: a Parquet file of image bytes
 on vLLM's engine in one shard, at most two images a prompt (`limit_mm_per_prompt`), and a folder of
@@ -10,6 +11,8 @@ equal one, paths equal bytes, transformers equals vLLM (greedy, float32); the un
 row's error alone, and so on vLLM is the row of three images. Then the paths' run again, once, after
 an image was replaced under its name (older mtime, as `cp -p` leaves it) and another edited with its
 size and mtime put back: exactly the replaced image's shard reruns, and gather refuses the edited one.
+Beside the runs, a probe (tests/image_probe.py) asks vLLM's `LLM.chat` for the prompt ids of the
+rows that give their images as parts (and of the row without one): the vLLM task's are the same.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from __future__ import annotations
 import io
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -24,7 +29,7 @@ import pyarrow as pa
 import pytest
 
 from conftest import made_once
-from factory import WORDS, read_predictions, run_workflow, run_workflows
+from factory import WORDS, python_env, read_predictions, run_workflow, run_workflows
 from tiny_vlm import build_tiny_vlm, image_bytes
 
 ROWS = 14  # the shared rows; the paths' input has one more, whose image cannot be read
@@ -98,16 +103,25 @@ def vlm(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runs(vlm, tmp_path_factory):
-    """The two runs at once: vLLM over the bytes in one shard, transformers over the paths in three."""
+    """The two runs at once: vLLM over the bytes in one shard, transformers over the paths in three;
+    the LLM.chat probe beside them (it reads the vLLM run's config)."""
     root = tmp_path_factory.mktemp("image-runs")
     record = {"mode": "record", "max": 1}
     planned = {"vllm": (root / "vllm-1", vlm_config(bytes_input(root), vlm, 1, "vllm", row_errors=record)),
                "transformers": (root / "transformers-3",
                                 vlm_config(paths_input(root), vlm, 3, "transformers", row_errors=record))}
+    (root / "vllm-1" / "config").mkdir(parents=True)
+    (root / "vllm-1" / "config" / "config.yaml").write_text(json.dumps(planned["vllm"][1]))
+    probe = subprocess.Popen([sys.executable, str(Path(__file__).with_name("image_probe.py")), str(root / "vllm-1"),
+                              str(root / "chat.json")], text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=python_env())
     results = dict(zip(planned, run_workflows(list(planned.values()))))
     for result in results.values():
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    return {name: (workdir, results[name], config) for name, (workdir, config) in planned.items()}
+    out, err = probe.communicate(timeout=900)
+    assert probe.returncode == 0, out[-3000:] + err[-6000:]
+    runs = {name: (workdir, results[name], config) for name, (workdir, config) in planned.items()}
+    return {**runs, "chat": json.loads((root / "chat.json").read_text())}
 
 
 def rows_of(frame: pd.DataFrame) -> list[tuple]:
@@ -146,13 +160,25 @@ def test_each_prompt_is_the_processors_expansion(runs, vlm):
     for i, (text, pictures) in enumerate(zip(texts(), images())):
         frame = frames["transformers" if i == THREE else "vllm"]  # vLLM refuses three images (VLLM_LIMIT)
         opened = [Image.open(io.BytesIO(picture)).convert("RGB") for picture in pictures]
-        content = text if "<image>" in text else [*[{"type": "image"}] * len(opened), {"type": "text", "text": text}]
+        in_front = [] if "<image>" in text else [{"type": "image"}] * len(opened)
+        content = [*in_front, {"type": "text", "text": text}]  # parts: the template takes no string
         prompt = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
                                                 tokenize=False)
         expected = processor(text=[prompt], images=[opened] if opened else None,
                              add_special_tokens=False)["input_ids"][0]
         assert frame["n_prompt_tokens"][i] == len(expected), i
     assert frames["vllm"]["n_prompt_tokens"][NO_IMAGE] == len(texts()[NO_IMAGE].split()) + 2  # <|user|>, <|assistant|>
+
+
+def test_every_prompt_is_llm_chats(runs):
+    """The rows that give their images as parts in front of the text, and the row without an image
+    (a string, which the template takes as a text part only): LLM.chat's ids are the vLLM task's,
+    which its run ran (their counts too)."""
+    chat = runs["chat"]
+    assert chat["rows"] == [i for i in range(ROWS) if i not in (PLACED, TWO, THREE)] and NO_IMAGE in chat["rows"]
+    assert chat["chat"] == chat["ours"]
+    counts = read_predictions(runs["vllm"][0])["n_prompt_tokens"]
+    assert [counts[i] for i in chat["rows"]] == [len(ids) for ids in chat["chat"]]
 
 
 def test_an_unreadable_image_is_its_rows_error(runs):

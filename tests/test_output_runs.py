@@ -1,7 +1,8 @@
 """output.layout parts through a real `snakemake` run: named inputs of one shard and of three, whose
 folders of parts equal the one-file layout's table row for row as pandas, pyarrow, Hugging Face
 `datasets` and DuckDB read them; the summary, terminal, `evaluate:` scores and report as with one
-file; a part deleted by hand makes gather, and nothing else, run again."""
+file; beside them (`output.writers: [parquet, jsonl]`) a folder of JSON Lines parts, the same rows;
+a part deleted by hand makes gather, and nothing else, run again."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ PART_SIZE = "20kB"  # the one shard's ~38 kB in two parts; each of the three sha
 
 def parts_config(models) -> dict:
     config = workflow_config("data/input.parquet", models.classifier, evaluate={"label_column": "gold"},
-                             output={"layout": "parts", "part_size": PART_SIZE})
+                             output={"layout": "parts", "part_size": PART_SIZE, "writers": ["parquet", "jsonl"]})
     inp = config.pop("input")
     config["inputs"] = {name: {**inp, "shards": shards} for name, shards in SHARDS.items()}
     return config
@@ -100,6 +101,25 @@ def test_each_folder_is_its_shards_files_in_parts_proven_by_its_manifest(parts_r
         assert (f"rows written to results/{name}/predictions/, proven complete and in input order ({shards} shard"
                 in terminal)
         assert f": {len(parts)} parts, " in terminal and "proven by its .manifest.json" in terminal
+
+
+@pytest.mark.parametrize("name", SHARDS)
+def test_the_json_lines_parts_beside_the_folder_hold_the_same_rows(parts_run, name):
+    """The jsonl writer's folder, a directory() output of gather: its parts in name order are the rows
+    of the Parquet folder in index order, the JSON of its values (probs: the float32s as the doubles
+    they are); beside them only Snakemake's hidden .snakemake_timestamp, which readers pass over."""
+    folder = parts_run[0] / "results" / name / "predictions-jsonl"
+    parts = sorted(folder.glob("part-*"))
+    assert sorted(path.name for path in folder.iterdir() if path not in parts) == [".snakemake_timestamp"]
+    assert parts and all(path.name.endswith(f"-of-{len(parts):05d}.jsonl") for path in parts)
+    rows = [json.loads(line) for path in parts for line in path.read_text().splitlines()]
+    table = pd.read_parquet(folder_of(parts_run[0], name))
+    assert [row["index"] for row in rows] == list(range(ROWS)) and list(rows[0]) == list(table.columns)
+    assert [[row[column] for column in ("id", "gold", "label", "label_id")] for row in rows] == \
+        table[["id", "gold", "label", "label_id"]].values.tolist()
+    assert [row["probs"] for row in rows] == [[float(x) for x in probs] for probs in table["probs"]]
+    summary = json.loads((parts_run[0] / "results" / name / "summary.json").read_text())
+    assert summary["outputs"]["jsonl"]["parts"] == len(parts) and summary["outputs"]["jsonl"]["rows"] == ROWS
 
 
 def test_scores_and_report_are_those_of_the_one_file_table(parts_run, classify_runs):

@@ -102,7 +102,7 @@ def test_gather_times_the_run_from_first_start_to_last_end():
 
 
 def test_gather_sums_the_tasks_running_totals_and_rates_them_over_the_wall_time():
-    """Task.totals (generate's generated tokens): in all, and what the jobs that finished the shards
+    """Reporting.totals (generate's generated tokens): in all, and what the jobs that finished the shards
     made of them per second (a resumed shard's kept windows excluded); none for a task without."""
     plan = Plan("p1", "in.parquet", (), 200, ((0, 100), (100, 200)), (900, 900), ((), ()))
     stats = [{**shard_stats(1.0, 1000.0), "generated_tokens": 600},

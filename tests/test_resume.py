@@ -29,7 +29,7 @@ import pytest
 
 import patience
 import plugins
-from factory import REPO, input_frame, input_settings, python_env, write_input
+from factory import REPO, gather_job, input_frame, input_settings, python_env, write_input
 from shardinfer.contract.shard_file import STATS_KEY
 from shardinfer.core.errors import UserError
 from shardinfer.plan.plan_file import remove_stale_shards, run_plan
@@ -168,8 +168,8 @@ def test_a_sigterm_stops_the_shard_at_once_and_the_rerun_computes_only_the_rest(
     assert pq.read_table(job.output).equals(table) and files_of(Path(job.files)) == files
     assert not windows.exists()  # the shard file is complete: its windows are gone
     settings = job.settings
-    summary = run_gather("plan.json", [job.output], settings.input, settings.to_dict()["model"], job.digest,
-                         "out.parquet", "out.json", files_folders=[job.files])
+    summary = run_gather(gather_job("plan.json", [job.output], settings.input, settings.to_dict()["model"],
+                                    job.digest, "out.parquet", "out.json", files_folders=[job.files]))
     assert summary["per_shard"][0]["resumed_rows"] == 33 and summary["run"]["resumed_rows"] == 33
 
 

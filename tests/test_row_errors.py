@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from factory import REPO, read_predictions, run_workflow
+from factory import REPO, gather_job, read_predictions, run_workflow
 from shardinfer.core.errors import ProofError, UserError
 from shardinfer.engines.transformers import Transformers
 from shardinfer.plan.plan_file import run_plan
@@ -33,6 +33,7 @@ from shardinfer.shard.runtime import ShardJob
 from shardinfer.snakefile.configure import settings_from_config
 from shardinfer.snakefile.settings_digest import output_digest
 from shardinfer.tasks.base import Task, Window
+from shardinfer.tasks.traits import PlanCost
 
 CPU = torch.device("cpu")
 FAILING = {3, 17}
@@ -41,7 +42,7 @@ FAILING = {3, 17}
 class Flaky(Task):
     """Doubles each row's number; a batch holding a failing row raises, as a user's predict would."""
 
-    name, outputs, cost_unit = "flaky", {"y": "float32"}, "rows"
+    name, outputs, cost = "flaky", {"y": "float32"}, PlanCost(unit="rows")
 
     def __init__(self, failing: set[int]) -> None:
         self.failing, self.calls = failing, 0
@@ -166,8 +167,9 @@ def test_record_writes_every_row_in_place_and_gather_proves_the_absent_files(tmp
     assert sum(s["row_errors"] for s in stats) == 2 and stats[0]["first_row_errors"] == [3]
 
     def gather():
-        return run_gather("plan.json", [j.output for j in jobs], settings.input, settings.to_dict()["model"],
-                          jobs[0].digest, "out.parquet", "out.json", files_folders=[j.files for j in jobs])
+        return run_gather(gather_job("plan.json", [j.output for j in jobs], settings.input,
+                                     settings.to_dict()["model"], jobs[0].digest, "out.parquet", "out.json",
+                                     files_folders=[j.files for j in jobs]))
 
     summary = gather()
     table = pq.read_table("out.parquet").to_pandas()

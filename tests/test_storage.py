@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import sys
 
@@ -32,6 +33,7 @@ import factory
 import patience
 import plugins
 from bucket_runs import BATCH_IDS, INPUT, MODEL, PARTS_FOLDER, PARTS_KEPT, PARTS_SHARDS, ROWS, SHARDS, VAL_PARTS
+from s3_server import free_port
 from shardinfer.core.errors import ProofError
 from test_workflow import assert_same_rows
 
@@ -61,8 +63,8 @@ def test_the_table_in_the_bucket_equals_a_shared_filesystem_run_row_for_row(buck
 
 @pytest.mark.e2e
 def test_an_openai_batch_file_in_the_bucket_gets_its_output_file_there_in_its_order(bucket_runs):
-    """The plan's cut of a batch file, the shard job in an empty folder and gather's batch output
-    file, all through the bucket: one line per input line, in the input's order, each body a
+    """The plan's cut of a batch file, the shard job in an empty folder and gather's batch output and
+    error files, all through the bucket: one line per input line, in the input's order, each body a
     `ChatCompletion` within its line's max_tokens."""
     from openai.types.chat import ChatCompletion
 
@@ -74,6 +76,7 @@ def test_an_openai_batch_file_in_the_bucket_gets_its_output_file_there_in_its_or
         assert line["error"] is None
         body = ChatCompletion.model_validate(line["response"]["body"])
         assert 1 <= body.usage.completion_tokens <= 4 + k and body.model == "gpt-4o-mini"
+    assert batch.objects["results/batch_errors.jsonl"] == b""  # OpenAI's error file, beside it: none failed
     assert json.loads(batch.objects["results/summary.json"])["rows"] == len(BATCH_IDS)
     assert len(batch.job_folders) >= 3  # plan, the shard, gather: each in a folder of its own
 
@@ -220,15 +223,6 @@ def test_a_glob_that_matches_no_object_is_refused_in_one_line_when_the_snakefile
             "`_` are skipped)") in result.stdout + result.stderr
 
 
-def free_port() -> int:
-    """A port nothing listens on (taken from the kernel, then let go): an endpoint out of reach."""
-    import socket
-
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        return free.getsockname()[1]
-
-
 @pytest.mark.e2e
 def test_a_bucket_that_refuses_or_is_out_of_reach_is_one_line_when_the_snakefile_loads(s3, models, tmp_path):
     """A wrong secret key, a missing bucket, no credentials at all, an endpoint nothing listens on:
@@ -268,6 +262,27 @@ def test_a_bucket_that_refuses_or_is_out_of_reach_is_one_line_when_the_snakefile
         assert lines[0].startswith(cases[name][2]), f"{name}: {lines[0]}"
         if name == "wrong secret":
             assert lines[0].endswith(f"; {keys}"), lines[0]
+
+
+def test_the_verifier_says_a_refused_key_or_a_missing_bucket_in_one_line(s3, tmp_path, monkeypatch):
+    """scripts/verify.py on a folder in the bucket with a wrong secret key, and in a bucket that does
+    not exist: the workflow's lines for the same refusals (storage_refusal), not botocore's traceback.
+    (No credentials and an endpoint out of reach: tests/test_output_parts.py, without a server.)"""
+    from test_output_parts import verify_command
+
+    url, where = s3.url("verify/results/predictions/"), f"the S3 storage at {s3.endpoint}"
+    for variable in [key for key in os.environ if key.startswith(("SNAKEMAKE_STORAGE_S3_", "AWS_"))]:
+        monkeypatch.delenv(variable)
+    wrong = {**s3.env(), "SNAKEMAKE_STORAGE_S3_SECRET_KEY": "wrong"}
+    lines = verify_command(url, "--endpoint-url", s3.endpoint, env=wrong)
+    assert len(lines) == 1 and lines[0].startswith(f"ERROR {where} refused the credentials reading `{url}` "
+                                                   "(SignatureDoesNotMatch: "), lines
+    assert lines[0].endswith("; check SNAKEMAKE_STORAGE_S3_ACCESS_KEY and SNAKEMAKE_STORAGE_S3_SECRET_KEY "
+                             "(profiles/s3)"), lines
+    missing = "s3://no-such-bucket/results/predictions/"
+    lines = verify_command(missing, "--endpoint-url", s3.endpoint, env=s3.env())
+    assert len(lines) == 1 and lines[0].startswith(f"ERROR the bucket of `{missing}` does not exist in {where} "
+                                                   "(NoSuchBucket: "), lines
 
 
 def kubernetes_pod(resources: dict) -> dict:

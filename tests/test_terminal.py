@@ -91,7 +91,7 @@ def test_a_custom_task_has_no_tokens_or_padding_on_the_terminal():
 
 
 def test_a_tasks_running_totals_are_rates_on_the_terminal_the_run_wide_and_this_runs():
-    """Task.totals: generate's generated tokens, per second over the run, and over this run's shard
+    """Reporting.totals: generate's generated tokens, per second over the run, and over this run's shard
     jobs after a partial rerun (a resumed job's own work: its total less what its kept windows brought)."""
     summary = {**SUMMARY, "run": {**SUMMARY["run"], "task": "generate", "generated_tokens_per_s": 76.54}}
     assert "4,568 tokens/s, 76.5 generated tokens/s over 8.1 s" in summary_lines(summary, "p.parquet", "s.json")[1]

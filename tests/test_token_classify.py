@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from factory import REPO, bert_config, input_frame, run_workflows_ok, save_tokenizer, workflow_config, write_input
+from factory import REPO, input_frame, run_workflows_ok, workflow_config, write_input
 from shardinfer.core.errors import UserError
 from shardinfer.engines.transformers import Transformers
 from shardinfer.shard.device_loop import predict_window, prepare_batches
@@ -19,24 +19,15 @@ from shardinfer.snakefile.checks import check_settings
 from shardinfer.snakefile.configure import settings_from_config
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.token_classify import TokenClassify, grouped_entities
-from tiny_models import spread_weights
+from tiny_models import build_tiny_tagger
 
 SCHEMA = str(REPO / "workflow" / "schemas" / "config.schema.yaml")
-TAGS = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC", 5: "MISC"}
 
 
 @pytest.fixture(scope="module")
 def tagger(tmp_path_factory):
-    """A tiny BERT token classifier over the test words, its weights spread wide (normal(0, 0.5)) so
-    that every tag occurs and entities of several tokens form."""
-    from transformers import BertForTokenClassification
-
-    path = tmp_path_factory.mktemp("tagger") / "tagger"
-    torch.manual_seed(5)
-    config = bert_config(num_labels=len(TAGS), id2label=TAGS, label2id={v: k for k, v in TAGS.items()})
-    spread_weights(BertForTokenClassification(config)).save_pretrained(path)
-    save_tokenizer(path)
-    return path
+    """tiny_models' tagger: every tag occurs and entities of several tokens form."""
+    return build_tiny_tagger(tmp_path_factory.mktemp("tagger"))
 
 
 def tagger_config(input_path, model_path, shards=1, **overrides) -> dict:

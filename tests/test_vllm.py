@@ -234,9 +234,10 @@ def test_engine_arguments_vllm_refuses_fail_the_job_in_one_line(probe):
 
 
 def test_what_the_workflow_assumes_of_this_vllm_holds(probe):
-    from shardinfer.engines.vllm.checks import LORA_RANKS, OWNED_ARGUMENTS
+    from shardinfer.engines.vllm.checks import CPU_HEAD_SIZES, LORA_RANKS, OWNED_ARGUMENTS
 
     assert probe["lora_ranks"] == list(LORA_RANKS)
+    assert probe["cpu_head_sizes"] == list(CPU_HEAD_SIZES)
     assert set(OWNED_ARGUMENTS) <= set(probe["engine_fields"])
 
 

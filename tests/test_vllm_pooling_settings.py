@@ -83,6 +83,18 @@ def test_arguments_the_workflow_sets_or_cannot_span_are_refused(pooling_models, 
     assert says in refusal(task_settings("embed", pooling_models["encoder"], engine="vllm", vllm=vllm))
 
 
+def test_heads_vllms_cpu_build_cannot_run_are_refused_naming_the_tasks_engine(models):
+    """tiny_workflow's encoder has two heads of 16 (the CPU build's attention takes 32 and up)."""
+    from shardinfer.engines.vllm.checks import cpu_build
+
+    if not cpu_build():
+        pytest.skip("vLLM's GPU build runs heads of 16")
+    assert refusal(task_settings("embed", models.encoder, engine="vllm")) == (
+        f"model.path `{models.encoder}` has attention heads of size 16, which vLLM's CPU build cannot run (its "
+        "attention takes head sizes 32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512); use embed.engine "
+        "transformers for this model, or vLLM on a GPU")
+
+
 def test_an_adapter_is_a_lora_for_embed_and_refused_for_a_classifier(pooling_models, tmp_path):
     check_engine(task_settings("embed", pooling_models["encoder"], pooling_models["encoder_lora"], engine="vllm"))
     adapter = tmp_path / "adapter"

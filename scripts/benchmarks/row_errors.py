@@ -15,12 +15,13 @@ import torch
 
 from shardinfer.hf.batching import length_sorted_batches
 from shardinfer.settings.config import BatchSettings
+from shardinfer.tasks.traits import PlanCost
 
 
 class FailingRows:
     """A toy task for `--task row-errors`: predict raises on a batch holding a chosen row."""
 
-    cost_unit = "rows"
+    cost = PlanCost(unit="rows")
 
     def __init__(self, failing: set[int]) -> None:
         self.failing, self.calls, self.rows = failing, 0, 0

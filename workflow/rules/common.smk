@@ -72,7 +72,7 @@ from shardinfer.snakefile.incomplete import settle
 from shardinfer.input.bucket import bucket_listing, object_names
 from shardinfer.input.shard_bound import shard_count_note
 from shardinfer.proof.verify import damage
-from shardinfer.snakefile.layout import FOLDERS, Layout, fill
+from shardinfer.snakefile.layout import Layout, fill
 from shardinfer.snakefile.rule_params import jobs_by_input, tokenizer_key
 from shardinfer.snakefile.stored_model import HANDED_VAR
 from shardinfer.engines import engine_devices
@@ -220,7 +220,7 @@ def withdraw_damaged_folders():
     manifest is gather's output) checked against their manifests by names and sizes, by the main
     process before the run: a folder with a part deleted, renamed or cut loses its manifest, so that
     gather runs again and links what is missing; no shard reruns."""
-    if STORAGE or not LAYOUT.parts or not workflow.is_main_process:
+    if STORAGE or "manifest" not in LAYOUT.gathered or not workflow.is_main_process:
         return
     folders = LAYOUT.every_input([LAYOUT.table])
     for folder, manifest in zip(
@@ -245,9 +245,9 @@ MODEL_COPIES = (
     MODEL_FILES.staged(SETTINGS.model.trust_remote_code) if MODEL_FILES else {}
 )
 # The cost a row adds in a batch beyond its tokens (generate: max_new_tokens), which the plan balances.
-PLAN_OVERHEAD = task_class(SETTINGS.model.task).plan_overhead(SETTINGS)
+PLAN_OVERHEAD = task_class(SETTINGS.model.task).cost.overhead(SETTINGS)
 # The tokens an image adds to its row's cost (input.image_column); no param without images.
-PLAN_IMAGE_PARAMS = task_class(SETTINGS.model.task).plan_image_params(SETTINGS)
+PLAN_IMAGE_PARAMS = task_class(SETTINGS.model.task).cost.image_params(SETTINGS)
 STARTED = time.time()  # when this Snakemake run loaded the workflow
 # The outputs an interrupted run finished that this run keeps (shardinfer.snakefile.incomplete), recorded at onstart.
 KEPT_FROM_INTERRUPTED = []
@@ -274,7 +274,8 @@ def model_copies(**copies):
 def outputs(paths):
     """A rule's outputs from the layout, those that are folders flagged as such."""
     return {
-        key: directory(path) if key in FOLDERS else path for key, path in paths.items()
+        key: directory(path) if key in LAYOUT.folders else path
+        for key, path in paths.items()
     }
 
 
@@ -312,7 +313,7 @@ def print_run_summary():
     input's gather) is not shown.
     """
     lines = []
-    tables = LAYOUT.every_input([LAYOUT.table])
+    tables = LAYOUT.every_input([LAYOUT.written])
     summaries = LAYOUT.every_input([LAYOUT.gathered["summary"]])
     for name, table, written in zip(INPUTS, tables, summaries):
         local = written_in_this_run(written)

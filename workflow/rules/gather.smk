@@ -9,7 +9,9 @@ rule gather:
         **LAYOUT.gather_shards,
         plan=rules.plan.output.plan,
     output:
-        **LAYOUT.gathered,
+        # Each chosen writer's files (output.writers: shardinfer.output; a writer's folder of parts
+        # flagged as such) and the summary.
+        **outputs(LAYOUT.gathered),
     log:
         LAYOUT.path("logs/gather.log"),
     benchmark:
@@ -17,7 +19,8 @@ rule gather:
     conda:
         "../../envs/inference.yaml"
     params:
-        # Without a shared filesystem in the parts layout, the parts' names in the bucket.
+        # Without a shared filesystem in the parts layout, the parts' names in the bucket; where
+        # output.writers is not an input's default, the writers (switching one off reruns gather).
         **LAYOUT.gather_params,
         # Only a rerun trigger, with input.image_column: an image file rewritten with its size and
         # mtime put back is checked again by its bytes (shardinfer.input.image_files).

@@ -35,5 +35,7 @@ rule infer:
         digest=LAYOUT.input_value("digest"),
         tokenizer_key=LAYOUT.tokenizer_key,
         outdated=LAYOUT.outdated,
+        # The other files of output.writers: a param Snakemake does not compare (Layout.also_outdated).
+        also_outdated=LAYOUT.also_outdated,
     script:
         "../scripts/infer.py"

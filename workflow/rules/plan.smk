@@ -25,5 +25,7 @@ rule plan:
         # Only a rerun trigger: a replaced input with an older mtime replans too.
         input_version=LAYOUT.input_value("version"),
         outdated=LAYOUT.outdated,
+        # The other files of output.writers: a param Snakemake does not compare (Layout.also_outdated).
+        also_outdated=LAYOUT.also_outdated,
     script:
         "../scripts/plan.py"

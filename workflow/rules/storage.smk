@@ -70,8 +70,12 @@ def remove_outdated_from_storage():
     }
     replanned = {job.wildcards.get("name") for job in needed if job.rule.name == "plan"}
     provider = workflow.storage_registry.default_storage_provider
+    remove_stale_from_storage(provider, needed)
     for name in sorted(rerun, key=str):
-        paths = LAYOUT.outdated({"name": name})
+        paths = [
+            *LAYOUT.outdated({"name": name}),
+            *LAYOUT.also_outdated({"name": name}),
+        ]
         if LAYOUT.stored_parts and name in replanned:
             paths += stored_parts_of(provider, name)
         for path in paths:
@@ -79,6 +83,23 @@ def remove_outdated_from_storage():
             if workflow.async_run(stored.managed_exists()):
                 logger.info(
                     f"shardinfer: removed {LAYOUT.stored_at(path)}, outdated by this run"
+                )
+                workflow.async_run(stored.managed_remove())
+
+
+def remove_stale_from_storage(provider, needed):
+    """For each input whose gather this run reruns, the files of an earlier run's writers that this
+    run's do not write (a writer switched off: Layout.stale), which the gather job cannot see.
+    """
+    gathered = {
+        job.wildcards.get("name") for job in needed if job.rule.name == "gather"
+    }
+    for name in sorted(gathered, key=str):
+        for path in LAYOUT.stale({"name": name}):
+            stored = provider.object(LAYOUT.stored_at(path))
+            if not path.endswith("/") and workflow.async_run(stored.managed_exists()):
+                logger.info(
+                    f"shardinfer: removed {LAYOUT.stored_at(path)}, no longer written"
                 )
                 workflow.async_run(stored.managed_remove())
 

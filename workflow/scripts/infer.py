@@ -36,4 +36,5 @@ if __name__ == "__main__":
         else None,
         record=snakemake.output.get("record"),
     )
-    run_job(snakemake.log[0], run_shard, job, outdated=snakemake.params.outdated)
+    outdated = [*snakemake.params.outdated, *snakemake.params.also_outdated]
+    run_job(snakemake.log[0], run_shard, job, outdated=outdated)

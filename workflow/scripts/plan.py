@@ -17,4 +17,4 @@ cuts = output.get("cuts")
 run_job(snakemake.log[0], run_plan, InputSettings.from_dict(params.input), params.shards, params.max_length,
         output.plan, params.shard_dir, params.files_dir, output.get("staged"), params.overhead,
         local_parts=list(snakemake.input.table) if cuts else None, cut_paths=cuts and list(cuts),
-        image_cost=params.get("image_cost", 0), outdated=params.outdated)
+        image_cost=params.get("image_cost", 0), outdated=[*params.outdated, *params.also_outdated])

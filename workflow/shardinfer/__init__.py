@@ -1,6 +1,6 @@
 """Sharded batch inference that proves every input row comes back once, in order.
 
-Planning (`plan`) and gathering (`proof`) never import torch, so they run anywhere in seconds;
+Planning (`plan`) and gathering (`proof`, writing through `output`) never import torch, so they run anywhere in seconds;
 inference (`shard`) runs one contiguous shard on one device.
 
 The package is a house of rooms, one folder each, every import running downwards: a module imports
@@ -21,6 +21,7 @@ ROOMS = (
     "engines",
     "shard",
     "scores",
+    "output",
     "proof",
     "snakefile",
     "report",

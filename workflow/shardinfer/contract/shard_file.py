@@ -100,7 +100,7 @@ def dictionary_columns(schema: pa.Schema) -> list[str]:
     """The columns worth dictionary-encoding when a shard (or the table made of shards) is written:
     all but floats and lists of floats, whose values rarely repeat. Parquet writers try a dictionary
     for every column and fall back when it grows too large; for wide float rows that try is a large
-    share of the writing time (scripts/scale_benchmark.py)."""
+    share of the writing time (scripts/benchmarks/scale.py)."""
     def floats(kind: pa.DataType) -> bool:
         while pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
             kind = kind.value_type

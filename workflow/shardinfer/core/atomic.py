@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -141,6 +142,21 @@ def atomic_parquet_writer(path: str | Path, schema: pa.Schema, before_commit: Ca
             writer.close()
         if before_commit is not None:
             before_commit()
+
+
+def replace_folder(staging: Path, target: Path) -> None:
+    """`staging` takes `target`'s name; the folder that had it is removed after."""
+    old = target.with_name(f".{target.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    for entry in [*staging.iterdir(), staging]:
+        if entry.is_file():
+            with open(entry, "rb") as handle:
+                os.fsync(handle.fileno())
+    if target.exists():
+        os.replace(target, old)
+    os.replace(staging, target)
+    fsync_folder(target.parent)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def write_json_atomic(path: str | Path, data: dict) -> None:

@@ -26,6 +26,22 @@ from shardinfer.core.errors import UserError
 T = TypeVar("T")
 
 
+class Untracked:
+    """A rule param's values that Snakemake's params rerun trigger does not compare: it compares values
+    of builtin types only and leaves out one it cannot represent (snakemake.persistence). For what a
+    job is told that must not rerun a finished job when it changes: the files of `output.writers`,
+    which a plan or shard job withdraws (`Layout.also_outdated`), when a writer is switched on."""
+
+    def __init__(self, values: Sequence[str]) -> None:
+        self.values = tuple(values)
+
+    def __iter__(self):
+        return iter(self.values)
+
+    def __repr__(self) -> str:
+        return f"Untracked({list(self.values)!r})"
+
+
 def log_to(path: str) -> None:
     """Send this process's stderr (Python and C level) and its logging to `path`."""
     handle = open(path, "w", buffering=1)
@@ -66,14 +82,14 @@ def run_job(log_path: str, function: Callable[..., T], *args, outdated: Sequence
     sys.exit(1)
 
 
-def withdraw(paths: Sequence[str]) -> None:
+def withdraw(paths: Sequence[str], why: str = "of the previous run: this run remakes it") -> None:
     """Remove the final outputs that the job being run makes outdated (the plan or a shard remade:
-    gather runs again after it), saying so in the job's log."""
+    gather runs again after it; gather: what no writer of this run writes), saying so in the job's log."""
     for path in map(Path, paths):
         if path.is_dir() and not path.is_symlink():  # the parts layout's folder
             shutil.rmtree(path)
-        elif path.exists():
+        elif path.exists() or path.is_symlink():
             path.unlink()
         else:
             continue
-        logging.getLogger("shardinfer").info("removed %s of the previous run: this run remakes it", path)
+        logging.getLogger("shardinfer").info("removed %s %s", path, why)

@@ -6,10 +6,13 @@ which the S3 plugin (0.3.6) refuses for every `s3://` query ("bucket name contai
 So the listing goes through the plugin's own S3 resource, with the endpoint and credentials the
 run gives it; other providers get one file per input. It is the run's first request to the bucket:
 a wrong key, a missing bucket, no credentials or an endpoint out of reach is refused here in one
-line naming what to check (`storage_refusal`), not a traceback from deep in boto3.
+line naming what to check (`storage_refusal`), not a traceback from deep in boto3. scripts/verify.py
+says its own failed requests to a bucket with the same lines (`shardinfer.proof.verify`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from shardinfer.core.errors import UserError, first_line
 from shardinfer.input.discovery import is_glob, listing_root
@@ -51,26 +54,39 @@ def bucket_listing(provider, prefix: str, paths: list[str]) -> dict[str, list[st
         raise refusal from None
 
 
-def storage_refusal(error: Exception, prefix: str, endpoint: str | None) -> UserError | None:
-    """The one line for a failed listing of `prefix` (s3://bucket/...) that the user can fix, naming
-    what to check; None for another error (not boto3's, or a fault of the server's own)."""
+@dataclass(frozen=True)
+class Reach:
+    """How a program reaches the bucket, for the fixes its refusals name: the workflow's (Snakemake's
+    options; the default) or scripts/verify.py's. The keys are read from the same variables by both."""
+
+    verb: str = "list"  # what the program was doing: "list", "read"
+    endpoint_option: str = "--storage-s3-endpoint-url"
+    bucket_fix: str = "create it, or give --default-storage-prefix an existing bucket"
+
+
+WORKFLOW = Reach()
+
+
+def storage_refusal(error: Exception, prefix: str, endpoint: str | None, reach: Reach = WORKFLOW) -> UserError | None:
+    """The one line for a failed request for `prefix` (s3://bucket/...) that the user can fix, naming
+    what to check (`reach`: the program's own options); None for another error (not boto3's, or a
+    fault of the server's own)."""
     from botocore import exceptions as boto  # with the S3 plugin, which lists through boto3
 
-    where = f"the S3 storage at {endpoint or 'its default endpoint'}"
+    where, doing = f"the S3 storage at {endpoint or 'its default endpoint'}", f"{reach.verb}ing"
     if isinstance(error, boto.ClientError):
         code = error.response.get("Error", {}).get("Code", "")
         said = f"{code}: {error.response.get('Error', {}).get('Message') or first_line(error)}"
         if code == "NoSuchBucket":
-            return UserError(f"the bucket of `{prefix}` does not exist in {where} ({said}); create it, or give "
-                             "--default-storage-prefix an existing bucket")
+            return UserError(f"the bucket of `{prefix}` does not exist in {where} ({said}); {reach.bucket_fix}")
         if code in REFUSED_KEYS:
-            return UserError(f"{where} refused the credentials listing `{prefix}` ({said}); check {KEYS}")
-        return UserError(f"{where} refused to list `{prefix}` ({said})") if code else None
+            return UserError(f"{where} refused the credentials {doing} `{prefix}` ({said}); check {KEYS}")
+        return UserError(f"{where} refused to {reach.verb} `{prefix}` ({said})") if code else None
     if isinstance(error, boto.NoCredentialsError):
-        return UserError(f"no credentials to list `{prefix}` in {where}: set {KEYS}")
+        return UserError(f"no credentials to {reach.verb} `{prefix}` in {where}: set {KEYS}")
     if isinstance(error, (boto.ConnectionError, boto.HTTPClientError)):
-        return UserError(f"{where} is out of reach listing `{prefix}` ({first_line(error)}); check "
-                         "--storage-s3-endpoint-url and that the server runs")
+        return UserError(f"{where} is out of reach {doing} `{prefix}` ({first_line(error)}); check "
+                         f"{reach.endpoint_option} and that the server runs")
     if isinstance(error, boto.BotoCoreError):
-        return UserError(f"listing `{prefix}` in {where} failed ({first_line(error)})")
+        return UserError(f"{doing} `{prefix}` in {where} failed ({first_line(error)})")
     return None

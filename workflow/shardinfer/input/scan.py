@@ -117,18 +117,19 @@ def _check_text_type(inp: InputSettings, column: str, text: pa.Array) -> None:
 
 
 def _check_conversation_type(inp: InputSettings, column: str, kind: pa.DataType) -> None:
-    """A conversation column holds lists of structs with a `role` and a `content` of strings (more
-    fields are allowed: the template gets those that are set); with images, a content may be a list
-    of parts ({type, text}: `generate_images`)."""
+    """A conversation column holds lists of structs with a `role` string and a `content` string or
+    list of parts ({type, text}, and {type: image} with images: `generate_prompts.conversation_of`);
+    more fields are allowed: the template gets those that are set."""
     message = kind.value_type if pa.types.is_list(kind) or pa.types.is_large_list(kind) else None
     fields = {f.name: f.type for f in message} if message is not None and pa.types.is_struct(message) else {}
-    if inp.image_columns and content_parts(fields.get("content")):
+    if content_parts(fields.get("content")):
         fields["content"] = pa.string()
     if not all(key in fields and (pa.types.is_string(fields[key]) or fields[key] == pa.null())
                for key in ("role", "content")):
         raise UserError(f"input.messages_column `{column}` holds {kind} in `{inp.path}`, not conversations: a list of "
-                        "{role, content} messages per row, both strings (Parquet list<struct<role: string, content: "
-                        "string>>, JSONL arrays of objects)")
+                        "{role, content} messages per row, role a string and content a string or a list of parts "
+                        "(Parquet list<struct<role: string, content: string>> or content list<struct<type: string, "
+                        "text: string>>, JSONL arrays of objects)")
 
 
 def content_parts(kind: pa.DataType | None) -> bool:

@@ -20,7 +20,7 @@ from shardinfer.settings.config import InputSettings
 FEW_SHARDS = 1000  # above this, shards beyond the input's rows are refused
 MANY_SHARDS = 2000  # above this, the terminal says what the DAG costs
 # Snakemake's DAG for the workflow's shard jobs, per 1,000 shards: a 10,000-shard dry run on a
-# 2-core machine (scripts/load_check.py), within 1.1x of a bare Snakefile with the same rules.
+# 2-core machine (scripts/benchmarks/load_check.py), within 1.1x of a bare Snakefile with the same rules.
 DAG_SECONDS_PER_1000 = 1.0
 
 

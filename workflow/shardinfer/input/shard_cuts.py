@@ -6,7 +6,7 @@ storage plugins have no range reads. A shard job that declared the input would d
 it, shards x input in all. So the plan, which reads the input once anyway, writes each shard's rows
 (the columns the shards read, in the plan's types over all parts) as a Parquet file of their own,
 `results/cuts/<shard>.parquet`, one output per shard; each shard job declares only its own. All
-shard jobs together then download about the input's read columns once (scripts/load_check.py
+shard jobs together then download about the input's read columns once (scripts/benchmarks/load_check.py
 measures it).
 
 The plan records each cut's rows, size and SHA-256; a shard job refuses a cut of other bytes

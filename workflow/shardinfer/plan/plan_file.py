@@ -150,8 +150,8 @@ class Plan:
 def make_plan(inp: InputSettings, shards: int, max_length: int, staged_dir: str | None = None,
               overhead: int = 0, image_cost: int = 0, in_bucket: bool = False) -> Plan:
     """Scan the input and cut it into `shards` ranges of about equal estimated cost (each row's
-    tokens plus the task's `overhead`, what its batches pay: `Task.plan_overhead`, plus
-    `image_cost` tokens per image: `Task.plan_image_cost`); an unusable input is refused, one
+    tokens plus the task's `overhead`, what its batches pay: `PlanCost.overhead`, plus
+    `image_cost` tokens per image: `PlanCost.image_params`); an unusable input is refused, one
     without rows gives empty shards. Parts that the shards could not read by range are staged into
     `staged_dir` (`input.stage`; None: none is). Images named by path are refused `in_bucket`."""
     scan = scan_parts(inp)

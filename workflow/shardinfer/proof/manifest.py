@@ -11,7 +11,8 @@ given). It says what the folder must hold and where it came from:
   the columns, the rows and bytes in all.
 
 Parts are named so that name order is index order, the Hugging Face layout:
-`part-00000-of-00012.parquet`. `shardinfer.proof.verify` checks a folder against its manifest alone.
+`part-00000-of-00012.parquet` (`shardinfer.output.base.part_name`). `shardinfer.proof.verify` checks a
+folder against its manifest alone.
 """
 
 from __future__ import annotations
@@ -20,21 +21,10 @@ import json
 
 import pyarrow as pa
 
-MANIFEST_NAME = ".manifest.json"
+from shardinfer.output.base import part_name
+from shardinfer.output.parquet import MANIFEST_NAME as MANIFEST_NAME  # named here too
+
 MANIFEST_FORMAT = "shardinfer.parts/1"
-PART_PREFIX = "part"
-
-
-def part_width(count: int) -> int:
-    """The digits of a part's number: at least five, more for 100,000 parts or more."""
-    return max(5, len(str(count - 1)))
-
-
-def part_name(number: int | str, count: int) -> str:
-    """`part-00003-of-00012.parquet`; `number` may be a pattern's wildcard (`{shard}`)."""
-    width = part_width(count)
-    number = f"{number:0{width}d}" if isinstance(number, int) else number
-    return f"{PART_PREFIX}-{number}-of-{count:0{width}d}.parquet"
 
 
 def part_names(count: int) -> list[str]:

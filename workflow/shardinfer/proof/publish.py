@@ -24,7 +24,7 @@ from pathlib import Path
 
 from shardinfer.contract.file_digest import file_digest
 from shardinfer.contract.pieces import record_path, stat_identity, write_record
-from shardinfer.core.atomic import atomic_path, fsync_folder, partial_path
+from shardinfer.core.atomic import atomic_path, partial_path, replace_folder
 from shardinfer.plan.plan_file import Plan
 from shardinfer.proof.manifest import MANIFEST_NAME, dumps, manifest, part_names
 from shardinfer.proof.shards import Piece, ShardFile
@@ -96,21 +96,6 @@ def publish_parts(shards: list[ShardFile], plan: Plan, digest: str, folder: str)
 
 def schema_of(shards: list[ShardFile]):
     return next((s.schema for s in shards if s.rows), shards[0].schema if shards else None)
-
-
-def replace_folder(staging: Path, target: Path) -> None:
-    """`staging` takes `target`'s name; the folder that had it is removed after."""
-    old = target.with_name(f".{target.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    for entry in [*staging.iterdir(), staging]:
-        if entry.is_file():
-            with open(entry, "rb") as handle:
-                os.fsync(handle.fileno())
-    if target.exists():
-        os.replace(target, old)
-    os.replace(staging, target)
-    fsync_folder(target.parent)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def refresh_records(shards: list[ShardFile]) -> None:

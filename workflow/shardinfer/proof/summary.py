@@ -53,7 +53,7 @@ def run_facts(plan: Plan, shards: list[ShardFile], model: dict) -> dict:
 
 
 def totals_facts(shards: list[ShardFile], wall: float | None, totals: Iterable[str]) -> dict:
-    """Each of the task's running totals that its shards recorded (`Task.totals`: generated tokens)
+    """Each of the task's running totals that its shards recorded (`Reporting.totals`: generated tokens)
     over the run, and per second over the run's wall time (`<total>_per_s`)."""
     facts = {}
     for name in totals:

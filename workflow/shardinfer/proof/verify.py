@@ -7,9 +7,10 @@ reaches it). No plan, input or workflow is needed.
     python scripts/verify.py s3://bucket/run/results/predictions/ --endpoint-url http://...
     python scripts/verify.py results/predictions/ --plan results/plan.json   # and of the current plan
 
-A fault is one line naming it: a part missing, renamed, truncated or edited, a file the manifest does
-not name (a reader would take it for data), parts made under another plan than the manifest names
-(a stale manifest), a folder of another plan than the one given.
+A fault is one line naming it: a part missing, renamed, truncated or edited, a part holding another
+part's rows (swapped), a file the manifest does not name (a reader would take it for data), parts
+made under another plan than the manifest names (a stale manifest), a folder of another plan than
+the one given; so is a bucket that refuses or is out of reach (the workflow's lines for them).
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ from typing import BinaryIO
 import pyarrow.parquet as pq
 
 from shardinfer.contract.file_digest import CHUNK_BYTES, DIGEST_ALGORITHM
+from shardinfer.contract.pieces import PIECE_KEY
 from shardinfer.contract.shard_file import IDENTITY_KEY
-from shardinfer.core.errors import ProofError
+from shardinfer.core.errors import ProofError, UserError
+from shardinfer.input.bucket import Reach, storage_refusal
 from shardinfer.proof.manifest import MANIFEST_FORMAT, MANIFEST_NAME
 
 
@@ -49,6 +52,11 @@ class LocalFolder:
         return open(self.path / name, "rb")
 
 
+# The verifier's own options, for the fixes a refused request to the bucket names (the workflow's lines).
+VERIFY_REACH = Reach(verb="read", endpoint_option="--endpoint-url (or $SNAKEMAKE_STORAGE_S3_ENDPOINT_URL)",
+                     bucket_fix="check the folder's URL")
+
+
 class BucketFolder:
     """A folder in an S3 bucket, through boto3: its listing, the manifest, ranged reads of the parts."""
 
@@ -57,10 +65,16 @@ class BucketFolder:
 
         bucket, _, prefix = url.removeprefix("s3://").partition("/")
         self.bucket, self.prefix, self.where = bucket, prefix.rstrip("/") + "/", url
+        self.endpoint = endpoint_url or os.environ.get("SNAKEMAKE_STORAGE_S3_ENDPOINT_URL")
         self.client = boto3.client(
-            "s3", endpoint_url=endpoint_url or os.environ.get("SNAKEMAKE_STORAGE_S3_ENDPOINT_URL"),
+            "s3", endpoint_url=self.endpoint,
             aws_access_key_id=os.environ.get("SNAKEMAKE_STORAGE_S3_ACCESS_KEY"),
             aws_secret_access_key=os.environ.get("SNAKEMAKE_STORAGE_S3_SECRET_KEY"))
+
+    def refusal(self, error: Exception) -> UserError | None:
+        """A failed request as the workflow says its own (no credentials, keys refused, an endpoint
+        out of reach: `shardinfer.input.bucket.storage_refusal`), in one line; None for another error."""
+        return storage_refusal(error, self.where, self.endpoint, VERIFY_REACH)
 
     def sizes(self) -> dict[str, int]:
         pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix)
@@ -151,6 +165,8 @@ def check_names(folder, manifest: dict, sizes: dict[str, int]) -> None:
                          "readers would take for data); remove it")
     for name, part in listed.items():
         if sizes[name] != part["bytes"]:
+            with folder.open(name) as handle:
+                check_place(folder, name, footer_rows(handle), manifest)
             how = "truncated" if sizes[name] < part["bytes"] else "edited or replaced"
             raise ProofError(f"`{folder.where}`: part `{name}` has {sizes[name]} bytes, its manifest {part['bytes']}: "
                              f"{how}")
@@ -178,17 +194,49 @@ def check_part_files(folder, manifest: dict) -> None:
             try:
                 meta = pq.ParquetFile(handle).metadata
             except Exception as error:  # pyarrow raises several kinds for a file that is not Parquet
+                if type(error).__module__.startswith("botocore"):
+                    raise  # the bucket's, not the file's: said by `verify_folder`
                 raise ProofError(f"{where} is not a readable Parquet file ({str(error).splitlines()[0]})") from None
             identity = json.loads((meta.metadata or {}).get(IDENTITY_KEY, b"{}"))
             if (identity.get("plan_id"), identity.get("digest")) != (manifest["plan_id"], manifest["digest"]):
                 raise ProofError(f"{where} was made under plan {identity.get('plan_id')} (settings "
                                  f"{identity.get('digest')}), its manifest names plan {manifest['plan_id']} (settings "
                                  f"{manifest['digest']}): the manifest is stale")
+            check_place(folder, part["name"], placed_rows(meta), manifest)
             if meta.num_rows != part["rows"]:
                 raise ProofError(f"{where} holds {meta.num_rows} rows, its manifest {part['rows']}")
             handle.seek(0)
             if sha256_of(handle) != part["sha256"]:
                 raise ProofError(f"{where} is not the file its manifest names (SHA-256 differs): edited")
+
+
+def placed_rows(meta: pq.FileMetaData) -> tuple[int, int] | None:
+    """The rows [first, end) a part's footer says it holds (its piece's place, its row count); None
+    for a footer without a place."""
+    place = json.loads((meta.metadata or {}).get(PIECE_KEY, b"null"))
+    return (place["first"], place["first"] + meta.num_rows) if isinstance(place, dict) else None
+
+
+def footer_rows(handle: BinaryIO) -> tuple[int, int] | None:
+    """`placed_rows` of a file that may not be Parquet at all (None then)."""
+    try:
+        return placed_rows(pq.ParquetFile(handle).metadata)
+    except Exception as error:  # a cut or foreign file: its size is what is said of it
+        if type(error).__module__.startswith("botocore"):
+            raise
+        return None
+
+
+def check_place(folder, name: str, found: tuple[int, int] | None, manifest: dict) -> None:
+    """A part that holds other rows than the manifest's for its name is said to, with the part whose
+    rows they are (two parts swapped, one copied over another), not called truncated or edited."""
+    part = next(part for part in manifest["parts"] if part["name"] == name)
+    if found is None or found == (part["start"], part["end"]):
+        return
+    owner = next((other["name"] for other in manifest["parts"] if (other["start"], other["end"]) == found), None)
+    whose = f", the rows of part `{owner}`: parts swapped or copied over one another" if owner else ""
+    raise ProofError(f"`{folder.where}`: part `{name}` holds rows [{found[0]}, {found[1]}) where rows "
+                     f"[{part['start']}, {part['end']}) were expected{whose}")
 
 
 def sha256_of(handle: BinaryIO) -> str:
@@ -204,6 +252,19 @@ def verify_folder(location: str, quick: bool = False, plan_id: str | None = None
     unless `quick`, of the plan and settings it names, and its bytes); `plan_id`: the plan the folder
     must be of. Raises ProofError naming the first fault."""
     folder = folder_at(location, endpoint_url)
+    try:
+        return verified(folder, quick, plan_id)
+    except UserError:
+        raise
+    except Exception as error:  # a bucket's request refused or out of reach: one line, not boto3's traceback
+        refusal = folder.refusal(error) if isinstance(folder, BucketFolder) else None
+        if refusal is None:
+            raise
+        raise refusal from None
+
+
+def verified(folder: LocalFolder | BucketFolder, quick: bool, plan_id: str | None) -> dict:
+    """`verify_folder`'s checks of a folder reached."""
     manifest = read_manifest(folder)
     if plan_id is not None and manifest["plan_id"] != plan_id:
         raise ProofError(f"`{folder.where}` is the table of plan {manifest['plan_id']}, the current plan is {plan_id}: "
@@ -238,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     plan_id = json.loads(Path(args.plan).read_text())["plan_id"] if args.plan else None
     try:
         manifest = verify_folder(args.folder, args.quick, plan_id, args.endpoint_url)
-    except ProofError as error:
+    except UserError as error:  # a fault of the folder's, or a bucket that refused or was out of reach
         print(f"ERROR {error}", file=sys.stderr)
         return 1
     checked = "names and sizes" if args.quick else "names, sizes, footers and SHA-256"

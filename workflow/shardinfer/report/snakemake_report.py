@@ -34,7 +34,7 @@ STRAGGLER = 0.75  # a shard under this share of the median rows/s is drawn in re
 MAX_BARS = 200  # more shards than this: each series is one filled outline, not a rectangle per shard
 SHARD_COLUMNS = ["shard", "range", "rows", "real tokens", "seconds", "rows/s", "load s", "padding ratio",
                  "bound by", "device"]
-# What only a task whose rows are texts in tokens has (`Task.counts_tokens`): left out for the others.
+# What only a task whose rows are texts in tokens has (`Reporting.counts_tokens`): left out for the others.
 TOKEN_COLUMNS = ("real tokens", "padding ratio")
 TOKEN_FACTS = ("real tokens/s over the wall time", "real tokens", "padding ratio (tokens computed / real tokens)",
                "rows truncated")

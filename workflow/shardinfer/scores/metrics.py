@@ -6,7 +6,7 @@ nothing about it enters the shard digest, so switching `evaluate` reruns gather,
 Every number comes from scikit-learn, imported inside the functions that score: gather without an
 evaluate section never imports it. A gold value that cannot be scored (null, or a label the model
 does not know) is counted and named in the result, and the terminal warns of it: never dropped
-silently. How a task is scored is its `Task.scored_as`; this module names no task. `headline` says
+silently. How a task is scored is its `Reporting.scored_as`; this module names no task. `headline` says
 the scores a user looks for first, in gather's log and on the terminal (`shardinfer.report.terminal`).
 """
 
@@ -33,7 +33,7 @@ ARTICLES = re.compile(r"\b(a|an|the)\b")
 def gold_kind(column: str, kind: pa.DataType, scored_as: str) -> str:
     """How the gold column is compared, by its type: `ids` (integers, or floats as pandas writes an
     int column with nulls) and `names` (strings) for labels, `texts` for texts, each with the task's
-    column for that kind (`Task.compared`). Refuses any other type in one line, before gather writes
+    column for that kind (`Reporting.compared`). Refuses any other type in one line, before gather writes
     anything."""
     kind = kind.value_type if pa.types.is_dictionary(kind) else kind
     text = pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
@@ -54,13 +54,13 @@ def check_gold(schema: pa.Schema | None, task: str, column: str) -> None:
     if column not in schema.names:
         raise UserError(f"evaluate.label_column `{column}` is not a column of the shard files; add it to "
                         "input.keep_columns (which reruns the shards)")
-    gold_kind(column, schema.field(column).type, task_class(task).scored_as)
+    gold_kind(column, schema.field(column).type, task_class(task).reporting.scored_as)
 
 
 def score_predictions(path: str | list[str], model: dict, column: str) -> dict:
     """summary.json's `metrics`: the table at `path` (or the parts at each path, in order) scored
     against `column` as its task says."""
-    task = task_class(model["task"])
+    task = task_class(model["task"]).reporting
     paths = [path] if isinstance(path, str) else path
     kind = gold_kind(column, pq.read_schema(paths[0]).field(column).type, task.scored_as)
     compared = task.compared[kind]
@@ -176,7 +176,7 @@ def exact_match_scores(reference: list[str], generated: list[str]) -> dict:
     return {"exact_match": float(exact), "normalized_exact_match": float(normalized)}
 
 
-# Task.scored_as -> its scorer: (the table, the gold column, its gold_kind, the task's column it is
+# Reporting.scored_as -> its scorer: (the table, the gold column, its gold_kind, the task's column it is
 # compared with, the model settings) -> scores.
 SCORERS: dict[str, Callable[[pa.Table, str, str, str, dict], dict]] = {"labels": score_labels,
                                                                        "texts": score_texts}

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 
 from shardinfer.settings.schema import defaults
-from shardinfer.settings.sections import ADDED, TaskSettings, default_of, section_settings
+from shardinfer.settings.sections import ADDED, TaskSettings, added, default_of, section_settings
 
 
 def plain(settings) -> dict:
@@ -178,12 +178,18 @@ def parse_size(value: int | str) -> int | None:
 
 @dataclass(frozen=True)
 class OutputSettings:
-    """`output:`: one file, or a folder of parts (`layout`), cut at about `part_size` by the shard jobs.
+    """`output:`: one file, or a folder of parts (`layout`), cut at about `part_size` by the shard jobs,
+    and the files gather writes (`writers`, by name: `shardinfer.output`; None: the defaults).
     Where the values go, never what they are: not in the shard digest, and no rule param of a shard
     job (rule_params.OUTPUT_NEUTRAL), so a change reruns no finished shard."""
 
     layout: str = field(default_factory=lambda: defaults("output")["layout"])
     part_size: int | str = field(default_factory=lambda: defaults("output")["part_size"])
+    writers: tuple[str, ...] | None = added("output", "writers")
+
+    def __post_init__(self) -> None:
+        if self.writers is not None:
+            object.__setattr__(self, "writers", tuple(self.writers))
 
     @property
     def parts(self) -> bool:

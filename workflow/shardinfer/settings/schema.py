@@ -11,6 +11,9 @@ from functools import cache
 from pathlib import Path
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
+# Why a config holds a boolean where a word was written: YAML 1.1 (PyYAML, which Snakemake reads the
+# config with) turns these bare words into booleans. Said beside each refusal of such a boolean.
+BARE_WORDS = "YAML reads bare yes, no, on, off, true and false as booleans"
 
 
 def parse_yaml(text: str) -> dict:

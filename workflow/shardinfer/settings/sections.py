@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from shardinfer.core.errors import UserError
-from shardinfer.settings.schema import defaults
+from shardinfer.settings.schema import BARE_WORDS, defaults
 
 ADDED = "added"  # field metadata: a key added after the digest rule, in the mapping only when set
 
@@ -151,7 +151,32 @@ def json_schema(spec: Mapping | str) -> dict:
         Draft202012Validator.check_schema(spec)
     except SchemaError as error:
         raise UserError(f"{where} is not a valid JSON schema ({error.message})") from None
+    found = booleans_for_words(spec)
+    if found:
+        key, values = found
+        quoted = "enum: ['yes', 'no']" if key.endswith("enum") else "const: 'yes'"
+        raise UserError(f"{where}: `{key}` holds {values!r} without `type: boolean` beside it: {BARE_WORDS}; quote "
+                        f"the words ({quoted}), or add type: boolean where booleans are meant")
     return dict(spec)
+
+
+def booleans_for_words(schema: Any, key: str = "") -> tuple[str, Any] | None:
+    """The first `enum` or `const` of a JSON schema that holds a boolean in a node whose `type` does
+    not allow booleans (`enum: [yes, no]` in YAML: [True, False]), as (its key path, its values); None
+    when there is none. Such a constraint asks for JSON's true and false, which the words were not."""
+    if isinstance(schema, list):
+        return next(filter(None, (booleans_for_words(item, f"{key}.{k}".lstrip(".")) for k, item in
+                                  enumerate(schema))), None)
+    if not isinstance(schema, Mapping):
+        return None
+    types = schema.get("type")
+    boolean = "boolean" in (types if isinstance(types, list) else [types])
+    for name in ("enum", "const"):
+        values = schema.get(name, []) if name == "enum" else [schema.get(name)]
+        if name in schema and not boolean and any(isinstance(value, bool) for value in values):
+            return f"{key}.{name}".lstrip("."), schema[name]
+    return next(filter(None, (booleans_for_words(value, f"{key}.{name}".lstrip(".")) for name, value in
+                              schema.items() if name not in ("enum", "const"))), None)
 
 
 @dataclass(frozen=True)

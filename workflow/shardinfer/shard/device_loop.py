@@ -156,7 +156,7 @@ def predict_splitting(engine: Engine, window: Window, positions: np.ndarray, bat
     if len(positions) == 1 and failure is not None:
         errors.record(window.first + int(positions[0]), int(positions[0]), failure)
         return
-    unit = engine.task.cost_unit
+    unit = engine.task.cost.unit
     if len(positions) == 1:
         row, cost = window.first + int(positions[0]), int(window.costs[positions[0]])
         lower = "model.max_length" if unit == "tokens" else "what your code needs per row (model.options)"

@@ -95,7 +95,7 @@ def write_shard(job: ShardJob, plan: Plan, runtime: Runtime, began: float) -> di
                            Progress(end - kept.next_row), errors is not None)
             stream_windows(pipeline, job, plan, runtime, kept.next_row, write, errors)
             tally = write.tally
-            work = tally.work_stats(resumed, runtime.engine.finish(), task.totals)
+            work = tally.work_stats(resumed, runtime.engine.finish(), task.reporting.totals)
             stats = tally.stats(time.perf_counter() - started, runtime.where, runtime.dtype, **work,
                                 bound_by=pipeline.bottleneck().name, stages=pipeline.busy_seconds(),
                                 started=round(began, 3), ended=round(time.time(), 3))

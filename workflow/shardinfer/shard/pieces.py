@@ -42,13 +42,19 @@ log = logging.getLogger(__name__)
 
 class ShardPieces:
     """What the shard's windows are written through: `write_table` as a ParquetWriter takes it, into the
-    open piece, which is closed for the next once it holds `part_bytes` (None: never)."""
+    open piece, which is closed for the next before a window that would take it past `part_bytes`
+    (None: never). A window's bytes on disk are foreseen from its Arrow bytes and what the shard's
+    windows so far took on disk per Arrow byte (the writer writes each window's row group out at
+    once, so the file's size after it is exact); a piece holds at least one window, so only a window
+    larger than `part_bytes` alone, or one that compresses worse than those before it, makes a
+    piece larger."""
 
     def __init__(self, output: str | Path, schema: pa.Schema, first_row: int, part_bytes: int | None = None):
         self.output, self.schema, self.part_bytes = Path(output), schema, part_bytes
         self.closed: list[dict] = []  # each closed piece: {"name", "first", "rows", "content"}
         self.partials: list[Path] = []  # every piece's path until it takes its name
         self.next_row, self.stats = first_row, None
+        self.disk_bytes = self.arrow_bytes = 0  # the shard's windows so far: bytes on disk, their Arrow bytes
         self.output.parent.mkdir(parents=True, exist_ok=True)
         self._open()
 
@@ -59,15 +65,30 @@ class ShardPieces:
         self.first, self.content = self.next_row, ContentHasher()
         self.writer = pq.ParquetWriter(self.partials[-1], self.schema, write_page_checksum=True,
                                        use_dictionary=dictionary_columns(self.schema))
+        self.size = self.partials[-1].stat().st_size  # the open piece's bytes on disk so far
 
     def write_table(self, table: pa.Table) -> None:
-        """One window's rows; a new piece first when the open one is full (never an empty piece)."""
-        if self.part_bytes and self.content.rows and self.partials[-1].stat().st_size >= self.part_bytes:
+        """One window's rows; a new piece first when they would take the open one past the part size
+        (never an empty piece)."""
+        if self.part_bytes:
+            self._write_within_part(table)
+        else:
+            self.writer.write_table(table)
+        self.content.update(table)
+        self.next_row += table.num_rows
+
+    def _write_within_part(self, table: pa.Table) -> None:
+        """The window into the open piece, or a new one first where its foreseen bytes would take the
+        open one past `part_bytes`; what it took on disk counted for the next."""
+        arrow = table.nbytes
+        foreseen = arrow * self.disk_bytes // self.arrow_bytes if self.arrow_bytes else 0
+        if self.content.rows and self.size + foreseen > self.part_bytes:
             self._close()
             self._open()
         self.writer.write_table(table)
-        self.content.update(table)
-        self.next_row += table.num_rows
+        size = self.partials[-1].stat().st_size
+        self.disk_bytes, self.arrow_bytes = self.disk_bytes + size - self.size, self.arrow_bytes + arrow
+        self.size = size
 
     def _close(self, extra: dict[bytes, bytes] | None = None) -> None:
         place = {"piece": len(self.closed), "first": self.first}

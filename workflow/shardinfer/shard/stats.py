@@ -80,7 +80,7 @@ class Tally:
 
     def work_stats(self, kept: Tally, task: dict, totals: Collection[str]) -> dict:
         """What a job that computed rows adds to its stats: its task's (`Task.finish()`: `task`), the
-        running totals (`Task.totals`) summed with the kept windows', what the kept windows brought
+        running totals (`Reporting.totals`) summed with the kept windows', what the kept windows brought
         (`resumed_*`), the padding ratio and the row errors."""
         resumed = {f"resumed_{name}": value for name, value in kept.task.items() if name in totals}
         return {**running_totals(kept.task, task, totals), "resumed_rows": kept.rows,

@@ -36,7 +36,7 @@ class Writer:
 
     def __call__(self, item: Written) -> None:
         table = self.table(item)
-        totals = running_totals(self.kept.task, item.task, self.task.totals)
+        totals = running_totals(self.kept.task, item.task, self.task.reporting.totals)
         self.tally.add(table.num_rows, item.cost, item.row_errors, totals)
         if self.files is not None:
             self.files.sync()

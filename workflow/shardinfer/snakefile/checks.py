@@ -15,8 +15,9 @@ from shardinfer.core.errors import UserError
 from shardinfer.engines import check_engine
 from shardinfer.input.discovery import missing_input
 from shardinfer.input.shard_bound import check_shard_count
+from shardinfer.output import chosen_writers
 from shardinfer.settings.config import InputSettings, Settings
-from shardinfer.settings.schema import parse_yaml
+from shardinfer.settings.schema import BARE_WORDS, parse_yaml
 from shardinfer.tasks import TASKS, may_write_files, task_class
 
 INPUT_NAME = re.compile(r"[A-Za-z0-9_-]+")  # a name of `inputs`: a folder under results/ and logs/
@@ -34,7 +35,21 @@ def schema_errors(config: dict, schema_path: str) -> None:
         message = error.message
         if error.validator in ("oneOf", "anyOf"):  # jsonschema says only "not valid under any of the given schemas"
             message = f"{error.instance!r} is not allowed; give " + " or ".join(map(allowed, error.validator_value))
+        if isinstance(error.instance, bool) and wants_a_string(error):
+            message += f" ({BARE_WORDS}: quote the word, e.g. 'yes')"
         raise UserError(f"config `{key}`: {message}")
+
+
+def wants_a_string(error) -> bool:
+    """Whether the value the schema refused had to be a string (or one of some strings)."""
+    schema = error.schema if isinstance(error.schema, dict) else {}
+    alternatives = [schema, *(error.validator_value if error.validator in ("oneOf", "anyOf") else [])]
+    for node in alternatives:
+        types = node.get("type")
+        if "string" in (types if isinstance(types, list) else [types]) or any(
+                isinstance(value, str) for value in node.get("enum", [])):
+            return True
+    return False
 
 
 def allowed(schema: dict) -> str:
@@ -129,6 +144,20 @@ def check_inputs(by_name: dict[str | None, Settings], storage: bool = False) -> 
             if name is None:
                 raise
             raise UserError(f"inputs.{name}: {error}") from None
+    check_same_writers(by_name, storage)
+
+
+def check_same_writers(by_name: dict[str | None, Settings], storage: bool = False) -> None:
+    """One set of files for every input (`output.writers`, or each input's defaults: an OpenAI batch
+    file's output files), since the gather rule has one set of outputs."""
+    writers = {name: [w.name for w in chosen_writers(s.output, s.input, storage)] for name, s in by_name.items()}
+    first, *others = writers
+    other = next((name for name in others if writers[name] != writers[first]), None)
+    if other is not None:
+        raise UserError(f"inputs.{first} gets the files of output writers {', '.join(writers[first])} and "
+                        f"inputs.{other} those of {', '.join(writers[other])} (input.format "
+                        f"{by_name[first].input.format} and {by_name[other].input.format}): gather writes one set of "
+                        "files for every input; run them with two configs, or name output.writers")
 
 
 def check_settings(settings: Settings, storage: bool = False) -> None:
@@ -142,6 +171,7 @@ def check_settings(settings: Settings, storage: bool = False) -> None:
             raise missing_input(part)
     check_keep_columns(inp, (INDEX_COLUMN, *task_class(model.task).output_fields(settings)))
     check_evaluate(settings)
+    chosen_writers(settings.output, inp, storage)  # each one refused where it cannot write this input or layout
     if not storage:  # reads the input's row count, which only the plan job sees in storage
         check_shard_count(inp, settings.shards)
     task_class(model.task).check_settings(settings)  # the task's own checks (`Task.check_settings`)
@@ -149,14 +179,14 @@ def check_settings(settings: Settings, storage: bool = False) -> None:
 
 
 def check_evaluate(settings: Settings) -> None:
-    """`evaluate.label_column`: for a task with a metric (`Task.scored_as`), and a keep column, which
+    """`evaluate.label_column`: for a task with a metric (`Reporting.scored_as`), and a keep column, which
     is how it reaches gather. Reads no file: the plan's scan checks that every keep column is in
     every part (a JSONL file's columns cost a pass over it, too much for every job's start)."""
     column, inp, task = settings.evaluate.label_column, settings.input, settings.model.task
     if column is None:
         return
-    if task_class(task).scored_as is None:
-        scored = [name for name in TASKS if task_class(name).scored_as]
+    if task_class(task).reporting.scored_as is None:
+        scored = [name for name in TASKS if task_class(name).reporting.scored_as]
         raise UserError(f"evaluate is for {' and '.join(scored)}; task {task} has no metric, so leave "
                         "evaluate.label_column out (or null)")
     if column not in inp.keep_columns:

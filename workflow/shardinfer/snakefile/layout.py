@@ -16,7 +16,8 @@ The table (`output.layout`): one file written by gather, or a folder of parts wh
 gather's output. On a shared filesystem gather links the shards' files into the folder; without
 one each shard job writes its part straight into it (`results/predictions/part-00003-of-00008.parquet`,
 so every `{shard}` of such a run is zero padded: name order is index order) with its record, which
-gather proves it by without downloading it.
+gather proves it by without downloading it. Gather's outputs are its chosen writers' files
+(`output.writers`: `shardinfer.output`) and the summary.
 """
 
 from __future__ import annotations
@@ -26,12 +27,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shardinfer.core.errors import UserError
-from shardinfer.input.formats.openai_batch import NAME as BATCH_FORMAT
+from shardinfer.core.jobs import Untracked
 from shardinfer.input.image_files import gather_image_trigger, image_trigger
 from shardinfer.input.images import input_folder
-from shardinfer.proof.batch_output import OUTPUT_NAME
-from shardinfer.proof.manifest import MANIFEST_NAME, part_name, part_width
+from shardinfer.output import TABLE, chosen_writers, default_writers, stale_paths, writer_files, writer_named
+from shardinfer.output.base import part_name, part_width
 from shardinfer.settings.config import Settings
 from shardinfer.snakefile.report_items import OPTIONAL_REPORTS, ReportItem
 from shardinfer.snakefile.rule_params import InputJobs
@@ -39,21 +39,6 @@ from shardinfer.tasks import may_write_files, task_class
 
 # Outputs that are folders (Snakemake's directory()): the plan's staged copies, a shard's files per row.
 FOLDERS = ("staged", "files")
-
-
-def batch_inputs(inputs: Mapping[str | None, InputJobs], parts: bool = False) -> bool:
-    """Whether the inputs are OpenAI batch files (then gather writes a batch output file for each):
-    all or none, since the gather rule has one set of outputs; and with the one-file layout, whose
-    gather reads every value (the parts layout's reads none, so it cannot write the lines)."""
-    batch = [name for name, jobs in inputs.items() if jobs.settings.input.format == BATCH_FORMAT]
-    if batch and parts:
-        raise UserError(f"output.layout parts with an {BATCH_FORMAT} input: its output lines are written by gather "
-                        "from every value, which the parts layout does not read; use output.layout: file")
-    if batch and len(batch) != len(inputs):
-        other = next(name for name in inputs if name not in batch)
-        raise UserError(f"inputs.{batch[0]} is an {BATCH_FORMAT} file and inputs.{other} is not: gather writes a batch "
-                        f"output file for every input or for none; run them with two configs")
-    return bool(batch)
 
 
 def fill(pattern: str, **values) -> str:
@@ -79,20 +64,21 @@ class Layout:
     reports: tuple[str, ...] = ()
     parts: bool = False  # output.layout: parts (a folder of parts and its manifest)
     scored: bool = False  # evaluate: scores the table in gather
-    batch_output: bool = False  # an OpenAI batch file's input: gather writes its output file too
+    writers: tuple[str, ...] = (TABLE,)  # what gather writes (output.writers: shardinfer.output), in order
 
     @classmethod
     def of(cls, inputs: Mapping[str | None, InputJobs], storage: bool, storage_prefix: str,
            tokenizer_key: str | None) -> Layout:
         """The layout of a run whose inputs share their model, task and evaluate settings."""
         settings: Settings = next(iter(inputs.values())).settings
-        task = task_class(settings.model.task)
+        reporting = task_class(settings.model.task).reporting
         scored = settings.evaluate.label_column is not None
-        wanted = {"metrics": scored, "confusion": scored and task.scored_as == "labels",
-                  "token_lengths": task.counts_tokens}
+        wanted = {"metrics": scored, "confusion": scored and reporting.scored_as == "labels",
+                  "token_lengths": reporting.counts_tokens}
+        writers = tuple(writer.name for writer in chosen_writers(settings.output, settings.input, storage))
         return cls(inputs, storage, storage_prefix, may_write_files(settings.model.task), tokenizer_key,
                    tuple(item.name for item in OPTIONAL_REPORTS if wanted[item.name]), settings.output.parts, scored,
-                   batch_inputs(inputs, settings.output.parts))
+                   writers)
 
     @property
     def named(self) -> bool:
@@ -158,18 +144,27 @@ class Layout:
 
     @property
     def table(self) -> str:
-        """The proven table as a user reads it: the file, or the folder of parts (ending in `/`)."""
-        return self.path("results/predictions/") if self.parts else self.path("results/predictions.parquet")
+        """The proven Parquet table as a user reads it: the file, or the folder of parts (ending in `/`)."""
+        return self.path(f"results/{writer_named(TABLE).shown(self.parts)}")
+
+    @property
+    def written(self) -> str:
+        """What the terminal says the rows were written to: the first writer's file (or folder)."""
+        return self.path(f"results/{writer_named(self.writers[0]).shown(self.parts)}")
 
     @property
     def gathered(self) -> dict[str, str]:
-        """The gather job's outputs: the final table (of the parts layout, its manifest) and its summary,
-        and for an OpenAI batch file the batch output file (`shardinfer.proof.batch_output`)."""
-        table = {"manifest": f"{self.table}{MANIFEST_NAME}"} if self.parts else {"predictions": self.table}
-        outputs = {**table, "summary": self.path("results/summary.json")}
-        if self.batch_output:
-            outputs[OUTPUT_NAME] = self.path(f"results/{OUTPUT_NAME}.jsonl")
-        return outputs
+        """The gather job's outputs: each writer's files (of the Parquet parts, the folder's manifest)
+        and the summary."""
+        files = writer_files([writer_named(name) for name in self.writers], self.parts, self.path("results/"))
+        return {**files, "summary": self.path("results/summary.json")}
+
+    @property
+    def folders(self) -> tuple[str, ...]:
+        """Every rule output that is a folder (Snakemake's directory()): FOLDERS, and a writer's folder
+        of parts (JSON Lines')."""
+        return (*FOLDERS, *(key for name in self.writers
+                            for key, path in writer_named(name).files(self.parts).items() if path.endswith("/")))
 
     @property
     def shard_dir(self) -> str:
@@ -253,8 +248,12 @@ class Layout:
     @property
     def gather_params(self) -> dict[str, Any]:
         """Without a shared filesystem in the parts layout, the parts' names in the bucket (as gather
-        names them in the manifest); none otherwise."""
-        return {"stored_parts": self.shard_files} if self.stored_parts else {}
+        names them in the manifest); where output.writers gives others than an input's defaults, the
+        writers, a rerun trigger: switching one off reruns gather, which removes its files (no param
+        for today's configs)."""
+        stored = {"stored_parts": self.shard_files} if self.stored_parts else {}
+        given = any(list(self.writers) != default_writers(jobs.settings.input.format) for jobs in self.inputs.values())
+        return {**stored, **({"writers": list(self.writers)} if given else {})}
 
     @property
     def files_output(self) -> dict[str, str]:
@@ -304,10 +303,27 @@ class Layout:
         """The gather outputs of the job's input, which a plan or shard job removes before its work: a
         run that fails after it never leaves the previous run's table as if it were current. Of the
         parts layout, on a shared filesystem the whole folder; without one its manifest (the parts
-        are the shard jobs' own: `stale_parts`)."""
+        are the shard jobs' own: `stale_parts`). A param of plan and infer, whose value must not move
+        with `output.writers` (OUTPUT_NEUTRAL): the table, the summary and the first file of each other
+        writer the input gets by default, in this order; the rest is `also_outdated`."""
         name = wildcards.get("name")
         table = [self.table] if self.parts and not self.storage else []
-        return [fill(path, name=name) for path in [*table, *self.gathered.values()]]
+        firsts = [self.path(f"results/{next(iter(writer_named(writer).files(self.parts).values()))}")
+                  for writer in default_writers(self.inputs[name].settings.input.format)]
+        return [fill(path, name=name) for path in [*table, firsts[0], self.path("results/summary.json"), *firsts[1:]]]
+
+    def also_outdated(self, wildcards: Mapping) -> Untracked:
+        """This run's gather outputs beside `outdated` (a writer's second file, the files of writers
+        output.writers adds), which a plan or shard job removes too: a param Snakemake does not compare
+        (`Untracked`), so that switching a writer on reruns no finished plan or shard."""
+        name, outdated = wildcards.get("name"), self.outdated(wildcards)
+        return Untracked([path for path in (fill(p, name=name).rstrip("/") for p in self.gathered.values())
+                          if path not in outdated])
+
+    def stale(self, wildcards: Mapping) -> list[str]:
+        """What an earlier run's writers left that this run's do not write (`output.stale_paths`)."""
+        stale = stale_paths([writer_named(name) for name in self.writers], self.parts, self.path("results/"))
+        return [fill(path, name=wildcards.get("name")) for path in stale]
 
     def every_input(self, patterns: list[str]) -> list[str]:
         """The paths of `patterns` for every input, in the config's order."""

@@ -42,12 +42,12 @@ def may_write_files(task: str) -> bool:
 
 
 def task_totals(task: str | None) -> dict[str, str]:
-    """The task's running totals (`Task.totals`) by what a rate of each is called, for gather's
+    """The task's running totals (`Reporting.totals`) by what a rate of each is called, for gather's
     summary and the terminal; a summary that names no known task has none."""
-    return dict(task_class(task).totals) if task in TASKS else {}
+    return dict(task_class(task).reporting.totals) if task in TASKS else {}
 
 
 def counts_tokens(task: str | None) -> bool:
-    """Whether the task's rows are texts measured in tokens (`Task.counts_tokens`), for the report and
+    """Whether the task's rows are texts measured in tokens (`Reporting.counts_tokens`), for the report and
     the terminal; a summary that names no known task (an older one) counts as text."""
-    return task not in TASKS or task_class(task).counts_tokens
+    return task not in TASKS or task_class(task).reporting.counts_tokens

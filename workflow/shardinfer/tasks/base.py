@@ -50,6 +50,7 @@ from shardinfer.contract.shard_file import OutputType
 from shardinfer.core.errors import UserError
 from shardinfer.hf.batching import length_sorted_batches, padded_tokens
 from shardinfer.settings.config import BatchSettings, ModelSettings, Settings
+from shardinfer.tasks.traits import PlanCost, Reporting
 
 
 @dataclass(frozen=True)
@@ -106,26 +107,16 @@ class Task:
     # Whether its columns are known only once its code loads (custom): then an input without rows has
     # no table (gather refuses it), and `output_fields` gives none.
     columns_from_code: ClassVar[bool] = False
-    cost_unit: ClassVar[str] = "tokens"
-    # Whether its rows are texts measured in tokens, so that the stats' real and padded tokens, the
-    # truncation at max_length and the token-length histogram describe them (the report's text-length
-    # figure, tokens/s and padding ratio); False (custom): costs in `cost_unit`, none of those shown.
-    counts_tokens: ClassVar[bool] = True
+    # Its rows' cost as the plan balances it, in what unit (`shardinfer.tasks.traits`).
+    cost: ClassVar[PlanCost] = PlanCost()
+    # How its results are reported and scored: token counts, running totals, `evaluate:`.
+    reporting: ClassVar[Reporting] = Reporting()
     # Its model.path may be any folder of the user's (custom): every file below it enters the shard
     # digest, not only those directly in it (a Hugging Face folder is flat).
     model_files_below: ClassVar[bool] = False
     tokenizes_ahead: ClassVar[bool] = False  # whether the tokenize rule can make its inputs (`tokenize.ahead`)
     reads_conversations: ClassVar[bool] = False  # whether `inputs` takes input.messages_column (generate)
     reads_images: ClassVar[bool] = False  # whether `inputs` takes input.image_column (generate)
-    # How `evaluate:` scores its outputs against a gold column (shardinfer.scores.metrics.SCORERS): "labels"
-    # (classes), "texts" (exact match); None: no metric, evaluate refused.
-    scored_as: ClassVar[str | None] = None
-    # The output column `evaluate:` compares the gold values with, by their kind
-    # (shardinfer.scores.metrics.gold_kind): "ids" and "names" for labels, "texts" for texts.
-    compared: ClassVar[dict[str, str]] = {}
-    # Its running totals among `finish()`'s stats (ints, summed over a resumed shard's jobs), each
-    # reported per second over the run's wall time, by what the terminal calls that rate.
-    totals: ClassVar[dict[str, str]] = {}
     prepare_stage: str = "prepare"  # the pipeline stage's name in logs and the report
     # One forward pass per batch (classify, embed, score), which on CPU runs fastest in small batches
     # (`batch.max_tokens: auto`, shardinfer.hf.batching.batch_budget).
@@ -165,18 +156,6 @@ class Task:
         batch file): the format checks each line against it as the plan reads it. {}: no such input."""
         return {}
 
-    @classmethod
-    def plan_overhead(cls, settings: Settings) -> int:
-        """Cost a row adds in a batch beyond its estimated tokens, which the plan's balance counts too."""
-        return 0
-
-    @classmethod
-    def plan_image_params(cls, settings: Settings) -> dict:
-        """The plan rule's params for the images a row holds (input.image_column): {"image_cost": tokens
-        per image}, which the plan's balance adds to a row's cost; none for a task that reads no images
-        (so that no other config's plan params change)."""
-        return {}
-
     def batches(self, window: Window, batch: BatchSettings) -> list[np.ndarray]:
         """The window's batches as row positions: sorted by cost under the batch budget."""
         return length_sorted_batches(window.costs, batch.max_tokens, batch.max_rows)
@@ -204,7 +183,7 @@ class Task:
         raise NotImplementedError
 
     def finish(self) -> dict:
-        """Stats of the task's own for the shard's summary, its `totals` so far among them (e.g.
+        """Stats of the task's own for the shard's summary, its `reporting.totals` so far among them (e.g.
         generated tokens); called after each window."""
         return {}
 

@@ -12,6 +12,7 @@ from shardinfer.hf.labels import label_names
 from shardinfer.settings.config import ModelSettings
 from shardinfer.tasks.base import matrix_to_list_array
 from shardinfer.tasks.text import TextTask
+from shardinfer.tasks.traits import Reporting
 
 
 def untrained_head(loaded) -> list[str]:
@@ -70,8 +71,9 @@ class Classify(LabelledTask):
     one_pass = True
     auto_class = "AutoModelForSequenceClassification"
     outputs = {"label": "string", "label_id": "int64", "probs": "list<float32>"}
-    scored_as = "labels"  # evaluate: accuracy, F1 and the confusion matrix (shardinfer.scores.metrics)
-    compared = {"ids": "label_id", "names": "label"}  # integer gold values with the ids, strings with the names
+    # evaluate: accuracy, F1 and the confusion matrix (shardinfer.scores.metrics); integer gold values
+    # compared with the ids, strings with the names
+    reporting = Reporting(scored_as="labels", compared={"ids": "label_id", "names": "label"})
     engines = ("transformers", "vllm")
 
     def predict(self, batch: dict) -> dict:

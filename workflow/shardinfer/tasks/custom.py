@@ -35,6 +35,7 @@ from shardinfer.contract.shard_file import INDEX_COLUMN, arrow_type, file_suffix
 from shardinfer.core.errors import RowError, UserError
 from shardinfer.settings.config import Settings
 from shardinfer.tasks.base import LoadContext, Task, TaskInputs, Window, matrix_to_list_array, tokenize_ahead_refused
+from shardinfer.tasks.traits import PlanCost, Reporting
 
 log = logging.getLogger(__name__)
 OUTPUT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # may become part of file names
@@ -128,8 +129,8 @@ class Custom(Task):
     name = "custom"
     columns_from_code = True  # known once the user's code is loaded (`columns`)
     writes_files = True  # its outputs may declare file columns
-    cost_unit = "cost units"
-    counts_tokens = False
+    cost = PlanCost(unit="cost units")  # what `predictor.cost` counts
+    reporting = Reporting(counts_tokens=False)
     model_files_below = True
 
     @classmethod

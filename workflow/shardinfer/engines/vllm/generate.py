@@ -29,6 +29,7 @@ from shardinfer.engines.vllm.engine import lora_request, start_engine, stop_engi
 from shardinfer.engines.vllm.feeder import Feeder
 from shardinfer.engines.vllm.matching import engine_refused, rows_results
 from shardinfer.tasks.base import LoadContext, Window
+from shardinfer.tasks.generate.chat_content import vllm_content_format
 from shardinfer.tasks.generate.params import PromptRows, RowParams, row_seed
 from shardinfer.tasks.generate.task import Generate
 
@@ -88,7 +89,9 @@ class VllmGenerate(Engine):
             check_weight_files(model.adapter, model.allow_pickle, "model.adapter")
         tokenizer = load_tokenizer(model)
         config = generation_config_of(model.path)
-        task = task_class(None, tokenizer, tokenizer.pad_token_id or 0, context, config.get("eos_token_id"))
+        # vLLM's own detection of a chat template's content format: what `LLM.chat` would pass.
+        task = task_class(None, tokenizer, tokenizer.pad_token_id or 0, context, config.get("eos_token_id"),
+                          detect=vllm_content_format)
         llm, seconds = start_engine(context)
         return cls(llm, task, context, config, seconds)
 

@@ -198,7 +198,7 @@ class Format:
         """Write `table` as a file (or folder) of this format at `path`, in blocks of about
         `block_rows` rows where the writer sets them (row groups, record batches, stripes; a text
         format's blocks are its reader's): the samples of tests/test_format_contract.py and of
-        scripts/load_check.py, so that a new format is covered by adding its module."""
+        scripts/benchmarks/load_check.py, so that a new format is covered by adding its module."""
         raise NotImplementedError(f"{self.name} writes no sample")
 
 

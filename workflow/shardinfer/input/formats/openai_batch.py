@@ -7,8 +7,10 @@ Each line gives the columns
 - `custom_id` (string, unique in the file: a duplicate is refused naming both lines),
 - `model` (`body.model` as the line gives it: recorded for the output file, never used to pick a
   model: `model.path` is the model),
-- `messages` (the conversation, list<struct<role, content>>: a content given as text parts is
-  their texts joined by a line break, as vLLM joins them),
+- `messages` (the conversation, list<struct<role, content>>, each content its text parts
+  (list<struct<type, text>>; a string is one text part, as vLLM's `LLM.chat` takes it): the chat
+  template gets them as parts or joined by a line break, as the template takes its contents,
+  `shardinfer.tasks.generate.chat_content`),
 - `request` (the line's own parameters as JSON, in the generate task's words: `max_tokens`,
   `temperature`, `top_p`, `n`, `stop`, `seed`, `logprobs` (k: `top_logprobs`, 0 when only
   `logprobs: true`), `structured` (`response_format`) and, with `generate.engine: vllm`,
@@ -40,7 +42,8 @@ from shardinfer.settings.config import InputSettings
 
 NAME = "openai_batch"
 URL = "/v1/chat/completions"
-MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
+TEXT_PART = pa.struct([("type", pa.string()), ("text", pa.string())])
+MESSAGE = pa.struct([("role", pa.string()), ("content", pa.list_(TEXT_PART))])
 FIXED = pa.schema([("custom_id", pa.string()), ("model", pa.string()), ("messages", pa.list_(MESSAGE)),
                    ("request", pa.string())])
 LINE_KEYS = ("custom_id", "method", "url", "body")
@@ -208,8 +211,8 @@ def _logprobs(body: dict) -> dict:
 
 
 def message_of(message: Any) -> dict:
-    """A message as {role, content}: text parts joined; a value that is not text kept out (null), so
-    that the row is refused naming it, as any malformed conversation is."""
+    """A message as {role, content}, the content its text parts (a string: one); a value that is not
+    text kept out (null), so that the row is refused naming it, as any malformed conversation is."""
     if not isinstance(message, dict):
         return {"role": None, "content": None}
     other = sorted(set(message) - {"role", "content", "name"})
@@ -218,13 +221,17 @@ def message_of(message: Any) -> dict:
         raise LineError(f"a message's `{key}` is not supported (only role and content are read: the chat template "
                         "would not see it)")
     content = message.get("content")
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-        content = "\n".join(str(part.get("text", "")) for part in content)
+    if isinstance(content, str):
+        content = [{"type": "text", "text": content}]
+    elif isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        if not all(isinstance(part.get("text"), str) for part in content):
+            raise LineError("a message's text part has no string `text`")
+        content = [{"type": "text", "text": part["text"]} for part in content]
     elif isinstance(content, list):
         kinds = sorted({str(p.get("type")) if isinstance(p, dict) else type(p).__name__ for p in content} - {"text"})
         raise LineError(f"a message's content holds {', '.join(kinds)} parts; only text parts are read")
     role = message.get("role")
-    return {"role": role if isinstance(role, str) else None, "content": content if isinstance(content, str) else None}
+    return {"role": role if isinstance(role, str) else None, "content": content if isinstance(content, list) else None}
 
 
 def line_of(text: bytes, limits: dict) -> tuple[dict, dict]:
@@ -292,11 +299,12 @@ class OpenAiBatch(TextFormat):
     """The OpenAI batch file of chat completion requests, as the OpenAI Batch API and `vllm run-batch`
     take it (task generate): each line's `body.messages` is its prompt and its own max_tokens,
     temperature, top_p, n, stop, seed, logprobs, top_logprobs and response_format drive its row; gather
-    also writes `results/batch_output.jsonl` (docs/tasks/openai-batch.md)."""
+    also writes OpenAI's output and error files, `results/batch_output.jsonl` and
+    `results/batch_errors.jsonl` (docs/tasks/openai-batch.md)."""
 
     name = NAME
     named_only = True  # .jsonl is jsonl's
-    always_kept = ("custom_id", "model")  # the output file's lines are made of them
+    always_kept = ("custom_id", "model")  # the output files' lines are made of them
     tasks = ("generate",)
 
     def fields(self, inp: InputSettings) -> pa.Schema:

@@ -12,9 +12,12 @@
   {"type": "image"} part takes the row's next image) gets its images where it holds the
   processor's image token (`<image>`) or image parts, one per image; where it holds none, in front: as
   {"type": "image"} parts opening its (first) user message under a chat template (the processor's
-  own template, which renders them as that token), as tokens before the text otherwise. A count of
-  placeholders other than the images' is refused for the row: vLLM would read a spare `<image>` as
-  text, silently.
+  own template, which renders them as that token), as tokens before the text otherwise. Under a
+  chat template every content goes in the shape the template takes (`chat_content`, as vLLM's
+  `LLM.chat`: parts, a string one text part; or a string, parts joined by line breaks with the image
+  token for each image part in front), and a prompt that lost a message's text is refused for the
+  row. A count of placeholders other than the images' is refused for the row: vLLM would read a
+  spare `<image>` as text, silently.
 - **The model's own processor** (transformers `AutoProcessor` of model.path) expands each image
   token into the model's image tokens: those expanded ids are the row's prompt, its length (costs,
   `n_prompt_tokens`) and what both engines run. A prompt with images is never cut: one longer than
@@ -40,7 +43,8 @@ from shardinfer.core.model_folder import PROCESSOR_FILES, model_config, processo
 from shardinfer.hf.tokens import TokenWindow
 from shardinfer.input.images import decoded, input_folder, row_images
 from shardinfer.input.scan import text_values
-from shardinfer.tasks.generate.prompts import conversation_problem, with_system
+from shardinfer.tasks.generate.chat_content import STRING, lost_text, shaped
+from shardinfer.tasks.generate.prompts import Refused, conversation_of, with_system
 
 
 class RowRefused(ValueError):
@@ -64,8 +68,9 @@ class ImageRow:
 class ImagePrompts:
     """A window's prompts with their images, rendered and expanded by the model's processor."""
 
-    def __init__(self, processor, settings, chat_template: bool, system: str | None) -> None:
-        self.processor, self.tokenizer = processor, processor.tokenizer
+    def __init__(self, processor, settings, chat_template: bool, system: str | None, form: str = STRING) -> None:
+        """`form`: the processor's template's content format (`chat_content`)."""
+        self.processor, self.tokenizer, self.form = processor, processor.tokenizer, form
         self.token = getattr(processor, "image_token", None) or "<image>"
         self.token_id = self.tokenizer.convert_tokens_to_ids(self.token)
         self.max_length = settings.model.max_length
@@ -131,8 +136,10 @@ class ImagePrompts:
     def rendered(self, prompt: Any, images: int) -> str:
         """The prompt as text, its images placed (the module's rule)."""
         if self.conversations:
-            messages = conversation_with_parts(prompt)
-            messages = with_system(messages, self.system)
+            try:
+                messages = with_system(conversation_of(prompt, images=True), self.system)
+            except Refused as why:
+                raise RowRefused(str(why)) from None
         else:
             head = [{"role": "system", "content": self.system}] if self.system else []
             messages = [*head, {"role": "user", "content": prompt}]
@@ -147,10 +154,15 @@ class ImagePrompts:
         from jinja2 import TemplateError
 
         try:
-            return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            text = self.processor.apply_chat_template(shaped(messages, self.form, self.token),
+                                                      add_generation_prompt=True, tokenize=False)
         except (TemplateError, ValueError, TypeError, KeyError) as error:
             why = (str(error).strip().splitlines() or [type(error).__name__])[0]
             raise RowRefused(f"the chat template refuses it ({why})") from None
+        lost = lost_text(messages, text)
+        if lost:
+            raise RowRefused(lost)
+        return text
 
     def placed(self, messages: list[dict]) -> bool:
         """Whether the messages place images themselves: an image part, or the image token in a text."""
@@ -177,31 +189,6 @@ def image_limit(options) -> int | None:
     if isinstance(image, dict):  # vLLM's newer form: {"image": {"count": N, ...}}
         image = image.get("count")
     return image if isinstance(image, int) else None
-
-
-def conversation_with_parts(messages: Any) -> list[dict]:
-    """A conversation whose contents may be strings or lists of parts (HF's chat format:
-    {"type": "text", "text": ...} and {"type": "image"}, an image part taking the row's next image
-    from the image column), the parts' unset keys dropped; RowRefused naming what is malformed."""
-    if isinstance(messages, list):
-        flat, cleaned = [], []
-        for k, message in enumerate(messages):
-            content = message.get("content") if isinstance(message, dict) else None
-            if isinstance(content, list):
-                parts = [{key: value for key, value in part.items() if value is not None}
-                         for part in content if isinstance(part, dict)]
-                if len(parts) != len(content) or not all(part.get("type") == "image" or (
-                        part.get("type") == "text" and isinstance(part.get("text"), str)) for part in parts):
-                    raise RowRefused(f"message {k} has a content part that is neither {{type: text, text}} nor "
-                                     "{type: image}")
-                message = {**message, "content": parts}
-            cleaned.append(message)
-            flat.append({**message, "content": ""} if isinstance(content, list) else message)
-        problem = conversation_problem(flat)
-        if problem:
-            raise RowRefused(problem)
-        return cleaned
-    raise RowRefused(conversation_problem(messages) or "the conversation is not a list of messages")
 
 
 def processor_batch(processor, rows: list[ImageRow], expected: list[list[int]], pad_id: int) -> dict:

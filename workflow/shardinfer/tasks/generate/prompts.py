@@ -3,17 +3,20 @@
 - **A text** (`input.text_column`) is tokenized as it is, or wrapped as a user message (after an
   optional system message) in the tokenizer's chat template (`generate.chat_template`). A prompt
   longer than max_length loses its beginning (a leading BOS kept), as before.
-- **A conversation** (`input.messages_column`: a list of {role, content} per row) is checked, then
-  rendered with the chat template and its generation prompt (the ids `LLM.chat` would make: we
-  render for both engines). `generate.system_prompt`, when set, goes first unless the conversation
-  has a system message of its own. A malformed conversation (not a non-empty list, a message
-  without a string role or content, a role the template refuses) is refused naming the row: the
-  shard fails, or with row_errors: record the row is an error.
+- **A conversation** (`input.messages_column`: a list of {role, content} per row, a content a
+  string or a list of text parts) is checked, then rendered with the chat template and its
+  generation prompt, every content in the shape the template takes (`chat_content`: a string, or
+  parts, as vLLM's `LLM.chat` detects and passes them), so the ids are those `LLM.chat` would make:
+  we render for both engines. `generate.system_prompt`, when set, goes first unless the
+  conversation has a system message of its own. A malformed conversation (not a non-empty list, a
+  message without a string role or a content, a part that is not text, a role the template
+  refuses) and a rendered prompt that lost a message's text (`chat_content.lost_text`) are refused
+  naming the row: the shard fails, or with row_errors: record the row is an error.
 - **A conversation longer than max_length** keeps, predictably: (1) everything, when it fits; else
   (2) its leading system message(s) and its latest whole turns that fit (a turn: a user message
   and the replies after it), dropping the oldest first; else (3) the system message(s) and the last
-  turn with the last message's content cut from the left, at a character, so that its end (the
-  question) stays; else (4) the rendered ids cut from the left like a text. (2)-(4) count the row
+  turn with the last message's content (its texts, in order) cut from the left, at a character, so
+  that its end (the question) stays; else (4) the rendered ids cut from the left like a text. (2)-(4) count the row
   as truncated.
 - **Checked before any engine sees them** (`prompt_problem`), the same for both engines: a token
   id the model cannot embed (outside its config's vocab_size: a tokenizer with added tokens and an
@@ -32,6 +35,7 @@ import pyarrow as pa
 from shardinfer.core.errors import UserError
 from shardinfer.hf.tokens import TokenWindow, outside_vocabulary
 from shardinfer.input.scan import text_values
+from shardinfer.tasks.generate.chat_content import STRING, lost_text, shaped, texts_of
 
 
 def prompt_token_ids(tokenizer, prompts: list[str], max_length: int, chat_template: bool
@@ -66,27 +70,63 @@ def cut_left(tokenizer, ids: list[int], max_length: int) -> list[int]:
     return ids[:keep] + ids[len(ids) - (max_length - keep):]
 
 
-def conversation_problem(messages: Any) -> str | None:
-    """Why a conversation cannot go to a chat template (before the template sees it), or None."""
+class Refused(Exception):
+    """A conversation the template cannot take, and why."""
+
+
+def conversation_of(messages: Any, images: bool = False) -> list[dict]:
+    """The conversation as the template may get it (unset keys dropped, a Parquet struct's absent
+    fields), each content a string or a list of parts: {type: text, text} and, where the row's images
+    come from (`images`), {type: image}; raises Refused naming what is malformed."""
     if not isinstance(messages, list) or not messages:
-        return "the conversation is empty" if isinstance(messages, list) else "the conversation is null"
+        raise Refused("the conversation is empty" if isinstance(messages, list) else "the conversation is null")
+    cleaned = []
     for k, message in enumerate(messages):
         if not isinstance(message, dict):
-            return f"message {k} is not a {{role, content}} object"
-        for key in ("role", "content"):
-            if not isinstance(message.get(key), str):
-                held = "missing" if message.get(key) is None else f"a {type(message[key]).__name__}"
-                return f"message {k} has no string {key} ({held})"
-    return None
+            raise Refused(f"message {k} is not a {{role, content}} object")
+        message = {key: value for key, value in message.items() if value is not None}
+        if not isinstance(message.get("role"), str):
+            raise Refused(f"message {k} has no string role ({held(message.get('role'))})")
+        content = message.get("content")
+        if isinstance(content, list):
+            message["content"] = [part_of(part, k, images) for part in content]
+        elif not isinstance(content, str):
+            raise Refused(f"message {k} has no string or list content ({held(content)})")
+        cleaned.append(message)
+    return cleaned
+
+
+def held(value: Any) -> str:
+    return "missing" if value is None else f"a {type(value).__name__}"
+
+
+def part_of(part: Any, k: int, images: bool) -> dict:
+    """A content part, its unset keys dropped; Refused unless a text part (or an image part, with images)."""
+    part = {key: value for key, value in part.items() if value is not None} if isinstance(part, dict) else {}
+    if part.get("type") == "text" and isinstance(part.get("text"), str) or images and part.get("type") == "image":
+        return part
+    allowed = ("neither {type: text, text} nor {type: image}" if images
+               else "not {type: text, text} (an image part needs input.image_column)")
+    raise Refused(f"message {k} has a content part that is {allowed}")
 
 
 def with_system(messages: list[dict], system: str | None) -> list[dict]:
-    """The conversation's messages (keys without a value dropped: a Parquet struct's absent fields),
-    `system` first unless it opens with a system message."""
-    messages = [{key: value for key, value in message.items() if value is not None} for message in messages]
+    """The conversation's messages, `system` first unless it opens with a system message."""
     if system and messages[0]["role"] != "system":
         return [{"role": "system", "content": system}, *messages]
     return messages
+
+
+def cut_from_left(content: Any, start: int) -> Any:
+    """A content without its first `start` characters of text (parts: across their texts, in order)."""
+    if isinstance(content, str):
+        return content[start:]
+    kept = []
+    for part in content:
+        if part.get("type") == "text":
+            part, start = {**part, "text": part["text"][start:]}, max(start - len(part["text"]), 0)
+        kept.append(part)
+    return kept
 
 
 def turns(messages: list[dict]) -> tuple[list[dict], list[list[dict]]]:
@@ -102,22 +142,25 @@ def turns(messages: list[dict]) -> tuple[list[dict], list[list[dict]]]:
     return messages[:head], groups
 
 
-class Refused(Exception):
-    """A conversation the template cannot take, and why."""
-
-
 class Conversations:
     """Renders a window's conversations with the chat template, each fitted to max_length."""
 
-    def __init__(self, tokenizer, max_length: int, system: str | None, column: str) -> None:
-        """`column`: where the conversations come from, as errors name it (`input.messages_column `m``)."""
+    def __init__(self, tokenizer, max_length: int, system: str | None, column: str, form: str = STRING) -> None:
+        """`column`: where the conversations come from, as errors name it (`input.messages_column `m``);
+        `form`: the template's content format (`chat_content`)."""
         self.tokenizer, self.max_length, self.system, self.column = tokenizer, max_length, system, column
+        self.form = form
 
     def render(self, messages: list[dict]) -> list[int]:
-        """The template's text, tokenized without special tokens (the template writes its own): the
-        ids of `apply_chat_template(tokenize=True)` and of vLLM's `LLM.chat`, without the tokenizer's
-        warning that a text exceeds its length (the rule below cuts it)."""
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        """The template's text, its contents shaped as `LLM.chat` shapes them, tokenized without
+        special tokens (the template writes its own): the ids of vLLM's `LLM.chat`, without the
+        tokenizer's warning that a text exceeds its length (the rule below cuts it). Refused: a
+        prompt that lost a message's text (`chat_content.lost_text`)."""
+        text = self.tokenizer.apply_chat_template(shaped(messages, self.form), add_generation_prompt=True,
+                                                  tokenize=False)
+        lost = lost_text(messages, text)
+        if lost:
+            raise Refused(lost)
         return self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
 
     def window(self, first: int, values: pa.Array) -> tuple[TokenWindow, dict[int, str]]:
@@ -138,10 +181,7 @@ class Conversations:
         """(ids, whether cut) by the rule in this module's docstring; raises Refused."""
         from jinja2 import TemplateError
 
-        problem = conversation_problem(messages)
-        if problem:
-            raise Refused(problem)
-        messages = with_system(messages, self.system)
+        messages = with_system(conversation_of(messages), self.system)
         try:
             ids = self.render(messages)
         except (TemplateError, ValueError, TypeError, KeyError) as error:
@@ -160,13 +200,14 @@ class Conversations:
                 return ids
         kept = system + [m for group in groups for m in group]
         last = kept[-1]["content"]
+        chars = sum(map(len, texts_of(last)))
 
         def cut_at(start: int) -> list[int]:
-            return self.render([*kept[:-1], {**kept[-1], "content": last[start:]}])
+            return self.render([*kept[:-1], {**kept[-1], "content": cut_from_left(last, start)}])
 
-        if len(cut_at(len(last))) > self.max_length:  # the rest alone is too long: cut the ids
+        if len(cut_at(chars)) > self.max_length:  # the rest alone is too long: cut the ids
             return cut_left(self.tokenizer, ids, self.max_length)
-        low, high = 0, len(last)  # the smallest start that fits
+        low, high = 0, chars  # the smallest start that fits
         while low < high:
             middle = (low + high) // 2
             low, high = (low, middle) if len(cut_at(middle)) <= self.max_length else (middle + 1, high)
@@ -174,15 +215,23 @@ class Conversations:
         return ids if len(ids) <= self.max_length else cut_left(self.tokenizer, ids, self.max_length)
 
 
-def text_prompts(tokenizer, values: pa.Array, null_as_empty: bool, chat_template: bool, system: str | None
-                 ) -> list[str]:
-    """A window's texts as prompts: as they are, or each a user message in the chat template."""
+def text_prompts(tokenizer, values: pa.Array, null_as_empty: bool, chat_template: bool, system: str | None,
+                 form: str = STRING) -> tuple[list[str], dict[int, str]]:
+    """A window's texts as prompts: as they are, or each a user message in the chat template (its
+    contents shaped as `form` takes them); and the rows whose text the template lost (position -> why)."""
     texts = text_values(values, null_as_empty)
     if not chat_template:
-        return texts
+        return texts, {}
     head = [{"role": "system", "content": system}] if system else []
-    return [tokenizer.apply_chat_template([*head, {"role": "user", "content": text}], tokenize=False,
-                                          add_generation_prompt=True) for text in texts]
+    prompts, lost = [], {}
+    for position, text in enumerate(texts):
+        messages = [*head, {"role": "user", "content": text}]
+        prompts.append(tokenizer.apply_chat_template(shaped(messages, form), tokenize=False,
+                                                     add_generation_prompt=True))
+        why = lost_text(messages, prompts[-1])
+        if why:
+            lost[position] = why
+    return prompts, lost
 
 
 def refuse_without_template(tokenizer, model_path: str, why: str) -> None:

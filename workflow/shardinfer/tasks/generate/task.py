@@ -4,7 +4,8 @@ several completions per row, with log-probabilities and structured output when a
 Settings: `model.max_new_tokens` and the `generate:` section (`shardinfer.settings.sections.GenerateSettings`).
 This module is the task and how the transformers engine runs it (`hf`: `model.generate`'s loop);
 what every engine shares lives beside it: what the task refuses (`checks`), the prompts
-(`prompts`: texts and conversations, as token ids), each row's parameters and seed (`params`), the
+(`prompts`: texts and conversations, as token ids; `chat_content`: their contents in the shape the
+chat template takes), each row's parameters and seed (`params`), the
 output columns and finish reasons (`columns`), log-probabilities (`logprobs`), structured output
 (`structured`) and images for a vision-language model (`images`: `input.image_column`, through the
 model's processor). `generate.engine: vllm` runs the same task on vLLM's engine
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -42,6 +44,7 @@ from shardinfer.input.formats.openai_batch import NAME as BATCH_FORMAT
 from shardinfer.settings.config import BatchSettings, ModelSettings, Settings
 from shardinfer.settings.schema import defaults
 from shardinfer.tasks.base import TaskInputs, Window, tokenize_ahead_refused
+from shardinfer.tasks.generate.chat_content import content_format, template_text
 from shardinfer.tasks.generate.checks import check_generate_section, check_positions, names_a_generator, not_a_generator
 from shardinfer.tasks.generate.columns import COLUMNS, Columns, output_fields
 from shardinfer.tasks.generate.params import (
@@ -58,6 +61,7 @@ from shardinfer.tasks.generate.prompts import (
     text_prompts,
 )
 from shardinfer.tasks.text import TextTask
+from shardinfer.tasks.traits import PlanCost, Reporting
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +92,23 @@ def vocab_size_of(model: ModelSettings, loaded=None) -> int | None:
     return int(size) if isinstance(size, int) else None
 
 
+@dataclass(frozen=True)
+class GenerateCost(PlanCost):
+    """A row's prompt, plus what it generates and the tokens its images expand into."""
+
+    def overhead(self, settings: Settings) -> int:
+        """Each row may add max_new_tokens to its prompt in the KV cache, n times: the plan counts them too."""
+        return int(settings.model.max_new_tokens or 0) * settings.task_settings.n
+
+    def image_params(self, settings: Settings) -> dict:
+        """An image costs the tokens the model's processor expands it into (estimated from its config)."""
+        if not settings.input.image_columns:
+            return {}
+        from shardinfer.tasks.generate.images import image_token_estimate
+
+        return {"image_cost": image_token_estimate(settings.model.path)}
+
+
 class Generate(TextTask):
     name = "generate"
     auto_class = "AutoModelForCausalLM"
@@ -95,15 +116,19 @@ class Generate(TextTask):
     tokenizes_ahead = False  # prompts go through the chat template and are cut from the left, in the shard job
     reads_conversations = True  # input.messages_column
     reads_images = True  # input.image_column (shardinfer.tasks.generate.images)
-    scored_as = "texts"  # evaluate: exact match of `generated` with the reference (shardinfer.scores.metrics)
-    compared = {"texts": "generated"}
-    totals = {"generated_tokens": "generated tokens/s"}
+    cost = GenerateCost()
+    # evaluate: exact match of `generated` with the reference (shardinfer.scores.metrics)
+    reporting = Reporting(scored_as="texts", compared={"texts": "generated"},
+                          totals={"generated_tokens": "generated tokens/s"})
     outputs = COLUMNS  # at the section's defaults; `output_fields` gives the settings' own
     engines = ("transformers", "vllm")  # generate.engine (shardinfer.engines)
 
-    def __init__(self, loaded, tokenizer, pad_id: int, context, configured_eos=None) -> None:
-        """`configured_eos`: the generation_config's eos id(s) when there is no loaded model to ask."""
+    def __init__(self, loaded, tokenizer, pad_id: int, context, configured_eos=None, detect=content_format) -> None:
+        """`configured_eos`: the generation_config's eos id(s) when there is no loaded model to ask;
+        `detect`: how a chat template's content format is found (`chat_content`: vLLM's rule read here;
+        vLLM's engine hands vLLM's own)."""
         super().__init__(loaded, tokenizer, pad_id, context)
+        self.detect = detect
         settings = context.settings
         self.options, self.params = settings.task_settings, RowParams.of(settings)
         self.max_new_tokens = int(settings.model.max_new_tokens)
@@ -112,6 +137,9 @@ class Generate(TextTask):
         self.eos_ids = eos_token_ids(tokenizer, configured_eos)
         self.vocab_size = vocab_size_of(settings.model, loaded)
         self.max_model_len = settings.model.max_length + self.max_new_tokens
+        # The tokenizer's template's content format (`chat_content`), where a prompt goes through it.
+        templated = self.options.chat_template or settings.input.conversation_columns
+        self.form = self.detect(template_text(tokenizer) if templated else None)
         self.conversations = self.conversation_renderer(settings)
         self.images = self.image_prompts(settings)
         self.output = Columns(tokenizer, settings)
@@ -180,20 +208,6 @@ class Generate(TextTask):
 
             check_image_settings(settings)
 
-    @classmethod
-    def plan_overhead(cls, settings) -> int:
-        """Each row may add max_new_tokens to its prompt in the KV cache, n times: the plan counts them too."""
-        return int(settings.model.max_new_tokens or 0) * settings.task_settings.n
-
-    @classmethod
-    def plan_image_params(cls, settings) -> dict:
-        """An image costs the tokens the model's processor expands it into (estimated from its config)."""
-        if not settings.input.image_columns:
-            return {}
-        from shardinfer.tasks.generate.images import image_token_estimate
-
-        return {"image_cost": image_token_estimate(settings.model.path)}
-
     def check(self) -> None:
         """A loaded model that can generate; without one (vLLM's engine loads its own), the engine
         refuses what it cannot load when it starts."""
@@ -214,7 +228,8 @@ class Generate(TextTask):
             column = settings.input.conversation_columns[0]
             where = (f"input.format {BATCH_FORMAT}'s body.messages" if lines_carry_parameters(settings)
                      else f"input.messages_column `{column}`")
-            return Conversations(self.tokenizer, settings.model.max_length, self.options.system_prompt, where)
+            return Conversations(self.tokenizer, settings.model.max_length, self.options.system_prompt, where,
+                                 self.form)
         if self.options.chat_template:
             refuse_without_template(self.tokenizer, settings.model.path, "generate.chat_template")
         return None
@@ -225,7 +240,9 @@ class Generate(TextTask):
             return None
         from shardinfer.tasks.generate.images import ImagePrompts, load_processor
 
-        return ImagePrompts(load_processor(settings), settings, self.options.chat_template, self.options.system_prompt)
+        processor = load_processor(settings)
+        return ImagePrompts(processor, settings, self.options.chat_template, self.options.system_prompt,
+                            self.detect(template_text(processor)))
 
     def prompt_rows(self, first: int, table: pa.Table) -> tuple[TokenWindow, dict[int, str]]:
         """The window's prompts as token ids, and the rows refused (position -> why)."""
@@ -234,10 +251,12 @@ class Generate(TextTask):
             return self.images.window(first, values, table.column(1).combine_chunks())
         if self.conversations is not None:
             return self.conversations.window(first, values)
-        prompts = text_prompts(self.tokenizer, values, self.null_as_empty, self.options.chat_template,
-                               self.options.system_prompt)
-        return TokenWindow(first, *prompt_token_ids(self.tokenizer, prompts, self.settings.model.max_length,
-                                                    self.options.chat_template)), {}
+        prompts, lost = text_prompts(self.tokenizer, values, self.null_as_empty, self.options.chat_template,
+                                     self.options.system_prompt, self.form)
+        key = f"input.text_column `{self.settings.input.text_column}`"
+        return (TokenWindow(first, *prompt_token_ids(self.tokenizer, prompts, self.settings.model.max_length,
+                                                     self.options.chat_template)),
+                {position: f"{key}, row {first + position}: {why}" for position, why in lost.items()})
 
     def prepare(self, first: int, table: pa.Table) -> Window:
         tokens, refused = self.prompt_rows(first, table)
