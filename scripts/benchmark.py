@@ -31,6 +31,12 @@ per failed row, against the bound 2·log2(batch rows), for a few failure rates.
 windows, against one bare `LLM.generate` over all its prompts at two window sizes, and the time
 10 bad prompts in 1,000 add.
 
+`--task vllm-pooling` (scripts/benchmarks/pooling.py): task embed through the workflow with
+`embed.engine: vllm` and with the transformers engine, against sentence-transformers' `encode` and
+bare `LLM.embed`, on the demo's all-MiniLM-L6-v2 and a tiny Qwen2 pooled at its last token, whole
+processes in paired rounds (`--repeats`), ratios to bare vLLM, the engine start on its own line
+(`--rows`: one size; default 3,000 and 30,000).
+
 `--task batch-file` (scripts/benchmarks/batch_file.py): an OpenAI batch file through a real `snakemake`
 run of the workflow against `vllm run-batch` on the same lines, greedy, their contents compared.
 
@@ -82,12 +88,14 @@ from benchmarks.common import SHAPES
 from benchmarks.feed import bench_feed
 from benchmarks.generate import bench_generate
 from benchmarks.parallel import bench_parallel
+from benchmarks.pooling import bench_pooling
 from benchmarks.row_errors import bench_row_errors
 from benchmarks.server import bench_server
 from shardinfer.engines.vllm.checks import vllm_installed
 
 TASKS = {"classify": bench_classify, "generate": bench_generate, "row-errors": bench_row_errors,
-         "parallel": bench_parallel, "vllm-feed": bench_feed, "batch-file": bench_batch_file, "server": bench_server}
+         "parallel": bench_parallel, "vllm-feed": bench_feed, "batch-file": bench_batch_file, "server": bench_server,
+         "vllm-pooling": bench_pooling}
 
 
 def parse_args() -> argparse.Namespace:
@@ -96,7 +104,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--task", default="classify", choices=list(TASKS))
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--shape", default=None, choices=sorted(SHAPES))
-    parser.add_argument("--rows", type=int, default=None, help="default 2000 (classify); generate 300 (CPU), 600 (GPU)")
+    parser.add_argument("--rows", type=int, default=None,
+                        help="default 2000 (classify); generate 300 (CPU), 600 (GPU); vllm-pooling 3000 and 30000")
     parser.add_argument("--max-length", type=int, default=512)
     parser.add_argument("--naive-batch", type=int, default=10, help="classify: the naive loop's batch size")
     parser.add_argument("--max-tokens", type=int, default=None,

@@ -36,7 +36,7 @@ from pathlib import Path
 import yaml
 
 from package_docs import room_list
-from shardinfer.engines import ENGINES, engine_class, serving
+from shardinfer.engines import ENGINES, engine_classes, serving
 from shardinfer.input.formats import all_formats
 from shardinfer.input.formats.base import COMPRESSED_SUFFIXES, Format
 from shardinfer.output import all_writers, default_writers
@@ -214,17 +214,22 @@ def task_pages() -> list[str]:
 
 def engine_table() -> list[str]:
     """The table of the engines, from their registry: the tasks each runs (by default, or when
-    `<task>.engine` names it), its settings, the devices one engine spans, and what it is."""
+    `<task>.engine` names it), its settings, the devices one engine spans, and what it is (a name
+    with a class per kind of task, as vLLM's: each class's devices and words, naming its tasks)."""
     rows = ["| engine | default for | also runs | its settings | devices per shard job | what it is |",
             "|---|---|---|---|---|---|"]
     for name in ENGINES:
-        engine, tasks = engine_class(name), serving(name)
+        classes, tasks = engine_classes(name), serving(name)
         default = [task for task in tasks if task_class(task).engines[0] == name]
         chosen = [f"`{task}` (`{task}.engine: {name}`)" for task in tasks if task not in default]
-        settings = ", ".join(f"`{task}.{engine.options_key}`" for task in tasks) if engine.options_key else "none"
-        devices = f"`{engine.devices_setting}`" if engine.devices_setting else str(engine.devices({}))
+        settings = ", ".join(f"`{task}.{kind.options_key}`" for task, kind in classes.items() if kind.options_key)
+        kinds = {kind: [task for task, each in classes.items() if each is kind] for kind in classes.values()}
+        named = {kind: f"{', '.join(tasks)}: " if len(kinds) > 1 else "" for kind, tasks in kinds.items()}
+        devices = "; ".join(named[kind] + (f"`{kind.devices_setting}`" if kind.devices_setting
+                                           else str(kind.devices({}))) for kind in kinds)
+        what = " ".join(named[kind] + _docstring(kind) for kind in kinds)
         rows.append(f"| `{name}` | {', '.join(f'`{task}`' for task in default) or 'none'} | "
-                    f"{', '.join(chosen) or 'none'} | {settings} | {devices} | {_cell(_docstring(engine))} |")
+                    f"{', '.join(chosen) or 'none'} | {settings or 'none'} | {devices} | {_cell(what)} |")
     return rows
 
 

@@ -125,6 +125,14 @@ def parts_lm(tmp_path_factory) -> Path:
     return folder / "tiny-parts-lm"
 
 
+@pytest.fixture(scope="session")
+def pooling_models(tmp_path_factory) -> dict[str, Path]:
+    """tiny_models.build_tiny_pooling_models' BERTs with heads vLLM's CPU build runs (encoder and its
+    LoRA, classifier, cross-encoder, tagger), built once per test run, by name."""
+    return tiny_models.pooling_model_paths(made_once(tmp_path_factory, "pooling-models",
+                                                     tiny_models.build_tiny_pooling_models))
+
+
 @dataclass(frozen=True)
 class FinishedRun:
     workdir: Path

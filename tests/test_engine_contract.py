@@ -61,8 +61,9 @@ def tagger(root: Path) -> Path:
     return path
 
 
-def task_config(task: str, root: Path, models, causal_lm) -> dict:
-    """A tiny run of `task` over ROWS rows, in `root` (the input written there)."""
+def task_config(task: str, root: Path, models, causal_lm, pooling: dict | None = None) -> dict:
+    """A tiny run of `task` over ROWS rows, in `root` (the input written there); `pooling`: the
+    encoders with heads vLLM's CPU build runs (tiny_models.build_tiny_pooling_models), for its pairs."""
     from tiny_models import build_tiny_cross_encoder
 
     frame = input_frame(ROWS)
@@ -78,8 +79,12 @@ def task_config(task: str, root: Path, models, causal_lm) -> dict:
         frame["passage"] = list(reversed(frame["text"]))
     write_input(frame, data)
     paths = {"classify": models.classifier, "embed": models.encoder, "token-classify": tagger(root)}
+    if pooling is not None:
+        paths = {"classify": pooling["classifier"], "embed": pooling["encoder"], "token-classify": pooling["tagger"],
+                 "score": pooling["cross_encoder"]}
     if task == "score":
-        return workflow_config(data, build_tiny_cross_encoder(root), task, score={"pair_column": "passage"})
+        return workflow_config(data, paths.get("score") or build_tiny_cross_encoder(root), task,
+                               score={"pair_column": "passage"})
     if task == "generate":
         config = workflow_config(data, causal_lm(), task, generate={"logprobs": 2})
         config["model"].update(max_length=24, max_new_tokens=4)
@@ -147,8 +152,9 @@ def marks(engine: str) -> list:
 @pytest.mark.parametrize("task, engine", [pytest.param(task, engine, marks=marks(engine), id=f"{task}-{engine}")
                                           for task, engine in PAIRS])
 def test_a_task_on_an_engine_writes_the_columns_its_settings_declare(task, engine, models, causal_lm, tmp_path,
-                                                                    monkeypatch):
-    config = task_config(task, tmp_path, models, causal_lm)
+                                                                    monkeypatch, request):
+    pooling = request.getfixturevalue("pooling_models") if engine == "vllm" and task != "generate" else None
+    config = task_config(task, tmp_path, models, causal_lm, pooling)
     if len(task_class(task).engines) > 1:
         config[task] = {**config.get(task, {}), "engine": engine}
     if engine in OWN_PROCESS:

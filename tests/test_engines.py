@@ -13,7 +13,7 @@ import config_docs as DOCS
 import patience
 from factory import REPO
 from shardinfer.core.errors import UserError
-from shardinfer.engines import ENGINES, engine_class, engine_devices, engine_for, serving
+from shardinfer.engines import ENGINES, engine_class, engine_classes, engine_devices, engine_for, serving
 from shardinfer.engines.base import Engine
 from shardinfer.engines.transformers import Transformers
 from shardinfer.settings.schema import schema
@@ -31,10 +31,12 @@ def engine_keys() -> dict[str, dict]:
 
 
 def test_every_registered_engine_is_an_engine_that_runs_some_task():
-    for name in ENGINES:
-        engine = engine_class(name)
-        assert issubclass(engine, Engine) and engine.name == name
+    for name, spec in ENGINES.items():
         assert serving(name), f"engine {name} runs no task: add it to a task's `engines`"
+        if isinstance(spec, dict):  # a class per task: exactly the tasks that name it
+            assert sorted(spec) == sorted(serving(name))
+        for engine in engine_classes(name).values():
+            assert issubclass(engine, Engine) and engine.name == name
 
 
 def test_a_task_names_registered_engines_only_and_transformers_first():
@@ -65,7 +67,7 @@ def test_every_engine_is_in_the_docs_engine_table():
 
 def test_the_default_engine_is_the_tasks_first():
     for task in TASKS:
-        assert engine_for(task, {}) is engine_class(task_class(task).engines[0])
+        assert engine_for(task, {}) is engine_class(task_class(task).engines[0], task)
     assert engine_for("generate", {"engine": "vllm"}).name == "vllm"
     assert engine_for("embed", None) is Transformers
 
@@ -82,11 +84,11 @@ def test_an_unknown_engine_is_refused_in_one_line_naming_the_known_ones():
 
 def test_an_engine_that_does_not_run_the_task_is_refused_in_one_line():
     with pytest.raises(UserError) as refused:
-        engine_for("embed", {"engine": "vllm"})
-    assert str(refused.value) == "embed.engine 'vllm' does not run task embed; its engines: transformers"
-    with pytest.raises(UserError, match=r"^classify.engine 'vllm' does not run task classify; its engines: "
+        engine_for("custom", {"engine": "vllm"})
+    assert str(refused.value) == "custom.engine 'vllm' does not run task custom; its engines: transformers"
+    with pytest.raises(UserError, match=r"^custom.engine 'vllm' does not run task custom; its engines: "
                                         r"transformers$"):
-        engine_devices({"model": {"task": "classify"}, "classify": {"engine": "vllm"}})
+        engine_devices({"model": {"task": "custom"}, "custom": {"engine": "vllm"}})
 
 
 def test_the_devices_one_engine_spans_come_from_the_engine():
@@ -98,8 +100,8 @@ def test_the_devices_one_engine_spans_come_from_the_engine():
 
 
 def test_the_engines_import_neither_torch_nor_their_library_when_the_snakefile_reads_them():
-    code = ("import sys; from shardinfer.engines import ENGINES, engine_class; "
-            "[engine_class(name).devices({}) for name in ENGINES]; "
+    code = ("import sys; from shardinfer.engines import ENGINES, engine_classes; "
+            "[kind.devices({}) for name in ENGINES for kind in engine_classes(name).values()]; "
             "print(sorted(m for m in ('torch', 'transformers', 'vllm') if m in sys.modules))")
     result = patience.run([sys.executable, "-c", code], cwd=REPO / "workflow")
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr[-3000:]

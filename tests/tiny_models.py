@@ -1,9 +1,11 @@
 """The tiny random models the tests build beside tiny_workflow's classifier and encoder: causal LMs
 (a Llama over a word-level vocabulary, one over a byte-level BPE, a copy whose tokenizer knows
 words its embedding lacks), a cross-encoder for task score, a tagger for task token-classify, and
-a LoRA on an encoder as shipped. Nothing is downloaded: each is drawn from a config with a fixed
-seed, so every build is the same model (tests/conftest.py builds the shared ones once per test
-run). tests/factory.py holds the inputs, settings and runs that use them.
+a LoRA on an encoder as shipped. BERTs with heads of 32 dimensions (`POOLING_SHAPE`) serve the
+encoder tasks on vLLM's CPU build (its attention takes sizes 32 and up; tiny_workflow's have two of
+16). Nothing is downloaded: each is drawn from a config with a fixed seed, so every build is the
+same model (tests/conftest.py builds the shared ones once per test run). tests/factory.py holds the
+inputs, settings and runs that use them.
 """
 
 from __future__ import annotations
@@ -57,6 +59,45 @@ def build_tiny_cross_encoder(root: Path, num_labels: int = 1) -> Path:
     model.save_pretrained(path)
     save_tokenizer(path)
     return path
+
+
+# One head of 32 dimensions: the smallest BERT vLLM's CPU attention runs (tiny_workflow's have two of 16).
+POOLING_SHAPE = {"num_attention_heads": 1}
+TAGS = {0: "O", 1: "B-PER", 2: "I-PER"}
+
+
+def build_tiny_pooling_models(root: Path) -> None:
+    """Tiny BERTs for the encoder tasks on vLLM's pooling runner, one head of 32 (`pooling_model_paths`
+    names them): an encoder (embed) and a LoRA on it (init_lora_weights=False, no head), a classifier
+    (3 labels), a cross-encoder (score: one label, two token types) and a tagger (token-classify:
+    O, B-PER, I-PER), their weights drawn with a large spread so that rows differ visibly."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import BertForSequenceClassification, BertForTokenClassification, BertModel
+
+    paths = pooling_model_paths(root)
+    shapes = {"encoder": (BertModel, {}),
+              "classifier": (BertForSequenceClassification, {"num_labels": 3, "id2label": LABELS}),
+              "cross_encoder": (BertForSequenceClassification, {"num_labels": 1, "type_vocab_size": 2}),
+              "tagger": (BertForTokenClassification, {"num_labels": 3, "id2label": TAGS,
+                                                      "label2id": {v: k for k, v in TAGS.items()}})}
+    for seed, (name, (kind, extra)) in enumerate(shapes.items()):
+        torch.manual_seed(20 + seed)
+        spread_weights(kind(bert_config(**POOLING_SHAPE, **extra))).save_pretrained(paths[name])
+        save_tokenizer(paths[name])
+    torch.manual_seed(3)
+    lora = get_peft_model(BertModel.from_pretrained(paths["encoder"]),
+                          LoraConfig(r=4, lora_alpha=8, target_modules=["query", "value"], init_lora_weights=False))
+    with torch.no_grad():
+        for name, parameter in lora.named_parameters():
+            if "lora_" in name:
+                parameter.normal_(0.0, 0.5)
+    lora.save_pretrained(paths["encoder_lora"])
+
+
+def pooling_model_paths(root: Path) -> dict[str, Path]:
+    """Where build_tiny_pooling_models saves each model under `root`, by name."""
+    return {name: root / name for name in ("encoder", "encoder_lora", "classifier", "cross_encoder", "tagger")}
 
 
 CHAT_TEMPLATE = (

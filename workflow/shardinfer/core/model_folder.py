@@ -1,6 +1,7 @@
 """One reader of a model folder's JSON files (config.json, generation_config.json,
-tokenizer_config.json, the processor's), so that every check reads them by one rule and a
-composite model's text part is found the one way transformers finds it. Torch- and
+tokenizer_config.json, the processor's, sentence-transformers' modules.json and its modules'), so
+that every check reads them by one rule and a composite model's text part is found the one way
+transformers finds it. Torch- and
 transformers-free: the Snakefile's load, the plan and the vLLM checks read a folder before any
 engine starts.
 
@@ -27,6 +28,10 @@ CONFIG = "config.json"
 GENERATION_CONFIG = "generation_config.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")  # the newer first
+SENTENCE_MODULES = "modules.json"  # sentence-transformers' list of a model's modules
+# sentence-transformers' settings of the transformer module, in the order vLLM looks for them
+SENTENCE_CONFIGS = tuple(f"sentence_{kind}_config.json" for kind in (
+    "bert", "roberta", "distilbert", "camembert", "albert", "xlm-roberta", "xlnet"))
 # Where transformers' `PretrainedConfig.get_text_config()` looks for a composite model's text part:
 # the encoder's name, then the decoder's (`from_model_config` looks among the decoder's only).
 TEXT_ENCODER_KEYS = ("text_encoder",)
@@ -35,6 +40,16 @@ TEXT_DECODER_KEYS = ("decoder", "generator", "text_config")
 
 def read_json(folder: str | Path | None, name: str) -> dict | None:
     """The JSON object in the folder's file `name`; None where there is no such file (or no folder)."""
+    return _read(folder, name, dict, "the JSON object (name: value) a model folder's settings file must hold")
+
+
+def read_json_list(folder: str | Path | None, name: str) -> list | None:
+    """The JSON list in the folder's file `name` (sentence-transformers' modules.json); None where
+    there is no such file."""
+    return _read(folder, name, list, f"the JSON list a model folder's {name} holds")
+
+
+def _read(folder: str | Path | None, name: str, kind: type, holds: str):
     if folder is None:
         return None
     path = Path(folder, name)
@@ -45,24 +60,23 @@ def read_json(folder: str | Path | None, name: str) -> dict | None:
         return None
     if not stat.S_ISREG(found.st_mode):
         return None
-    return copy.deepcopy(_parsed(str(resolved), found.st_mtime_ns, found.st_size, str(path)))
+    data = _parsed(str(resolved), found.st_mtime_ns, found.st_size, str(path))
+    if not isinstance(data, kind):
+        raise UserError(f"model folder file `{path}` holds a JSON {type(data).__name__}, not {holds}")
+    return copy.deepcopy(data)
 
 
 @lru_cache(maxsize=256)
-def _parsed(resolved: str, mtime_ns: int, size: int, shown: str) -> dict:
-    """The file's object, parsed once per (path, mtime, size): `mtime_ns` and `size` are the key only."""
+def _parsed(resolved: str, mtime_ns: int, size: int, shown: str) -> dict | list:
+    """The file's JSON, parsed once per (path, mtime, size): `mtime_ns` and `size` are the key only."""
     try:
-        data = json.loads(Path(resolved).read_text(encoding="utf-8"))  # as transformers reads it
+        return json.loads(Path(resolved).read_text(encoding="utf-8"))  # as transformers reads it
     except OSError as error:
         raise UserError(f"model folder file `{shown}` cannot be read ({error.strerror or error}); "
                         "make it readable") from None
     except ValueError as error:  # JSONDecodeError, and UnicodeDecodeError for bytes that are not UTF-8
         raise UserError(f"model folder file `{shown}` is not valid JSON ({error}); "
                         "save the folder again (save_pretrained) or repair the file") from None
-    if not isinstance(data, dict):
-        raise UserError(f"model folder file `{shown}` holds a JSON {type(data).__name__}, not the JSON object "
-                        "(name: value) a model folder's settings file must hold")
-    return data
 
 
 def model_config(folder: str | Path | None) -> dict:
@@ -125,3 +139,26 @@ def vocab_size(folder: str | Path | None) -> int | None:
 def architectures(folder: str | Path | None) -> list[str]:
     """The model classes config.json names (top level: a composite model's own class)."""
     return [str(name) for name in model_config(folder).get("architectures") or []]
+
+
+def sentence_modules(folder: str | Path | None) -> list[dict]:
+    """The sentence-transformers modules the folder declares (modules.json: each module's `type`,
+    such as `sentence_transformers.models.Pooling`, and its subfolder `path`), in order; [] without
+    one. vLLM's pooling runner reads them too (its pooling, normalisation and Dense projections)."""
+    modules = read_json_list(folder, SENTENCE_MODULES) or []
+    return [module for module in modules if isinstance(module, dict)]
+
+
+def sentence_module_config(folder: str | Path, module: dict) -> dict:
+    """A sentence-transformers module's settings: config.json in its subfolder ({} without one)."""
+    return read_json(Path(folder, str(module.get("path") or "")), CONFIG) or {}
+
+
+def sentence_max_length(folder: str | Path | None) -> int | None:
+    """The longest input sentence-transformers (and vLLM, as the model's limit) takes: the first
+    sentence_<kind>_config.json's max_seq_length, as vLLM reads them; None where none says."""
+    for name in SENTENCE_CONFIGS:
+        found = read_json(folder, name)
+        if found:
+            return _int(found.get("max_seq_length"))
+    return None

@@ -4,6 +4,10 @@ interface). A task names those that serve it (`Task.engines`, its default first)
 registry (tests/test_engines.py, scripts/config_docs.py). Adding an engine is one module, one
 line here, its name in the tasks' `engines` it serves, and its test.
 
+A name is one class for every task it serves, or, where one library runs tasks of different kinds
+by different means, a class per task: `vllm` is vLLM's generation engine for generate and its
+pooling runner for the encoder tasks (`engine_class(name, task)`).
+
 Engine modules import torch and their engine library inside their methods only: the Snakefile
 reads an engine's devices, checks and identity without them.
 """
@@ -16,17 +20,29 @@ from collections.abc import Mapping
 from shardinfer.core.errors import UserError
 from shardinfer.tasks import TASKS, task_class
 
-ENGINES: dict[str, str] = {
+VLLM_POOLING = "shardinfer.engines.vllm.pooling:VllmPooling"
+ENGINES: dict[str, str | dict[str, str]] = {
     "transformers": "shardinfer.engines.transformers:Transformers",
-    "vllm": "shardinfer.engines.vllm.generate:VllmGenerate",
+    "vllm": {"generate": "shardinfer.engines.vllm.generate:VllmGenerate", "classify": VLLM_POOLING,
+             "embed": VLLM_POOLING, "score": VLLM_POOLING, "token-classify": VLLM_POOLING},
     "server": "shardinfer.engines.server.generate:ServerGenerate",
 }
 
 
-def engine_class(name: str) -> type:
-    """The registered engine's class (its module imports no torch until it loads)."""
-    module, _, attribute = ENGINES[name].partition(":")
+def _class_at(spec: str) -> type:
+    module, _, attribute = spec.partition(":")
     return getattr(importlib.import_module(module), attribute)
+
+
+def engine_class(name: str, task: str) -> type:
+    """The registered engine's class for `task` (its module imports no torch until it loads)."""
+    spec = ENGINES[name]
+    return _class_at(spec if isinstance(spec, str) else spec[task])
+
+
+def engine_classes(name: str) -> dict[str, type]:
+    """The engine's class for each task it serves (`serving`), for the docs and the checks."""
+    return {task: engine_class(name, task) for task in serving(name)}
 
 
 def engine_for(task: str, section: Mapping | None) -> type:
@@ -40,7 +56,7 @@ def engine_for(task: str, section: Mapping | None) -> type:
                         f"runs on {', '.join(served)})")
     if name not in served:
         raise UserError(f"{task}.engine {name!r} does not run task {task}; its engines: {', '.join(served)}")
-    return engine_class(name)
+    return engine_class(name, task)
 
 
 def engine_of(settings) -> type:
@@ -60,11 +76,11 @@ def engine_devices(config: dict) -> tuple[int, str]:
 def check_engine(settings) -> None:
     """The engine's refusals of the settings when the Snakefile loads, and those of the task's
     other engines whose settings are given but unused (`Engine.check_unused`)."""
-    engine = engine_of(settings)
+    engine, task = engine_of(settings), settings.model.task
     engine.check_settings(settings)
-    for name in task_class(settings.model.task).engines:
+    for name in task_class(task).engines:
         if name != engine.name:
-            engine_class(name).check_unused(settings)
+            engine_class(name, task).check_unused(settings)
 
 
 def serving(name: str) -> list[str]:

@@ -80,12 +80,19 @@ def settle_pad_token(tokenizer, model) -> int:
     config's pad_token_id, so padding with any other id would read the wrong position.
     """
     config = model.config
-    for candidate in (tokenizer.pad_token_id, getattr(config, "pad_token_id", None), tokenizer.eos_token_id, 0):
-        if candidate is not None:
-            break
+    candidate = pad_id_of(tokenizer, getattr(config, "pad_token_id", None))
     if getattr(config, "pad_token_id", None) is None:
         config.pad_token_id = candidate
-    return int(candidate)
+    return candidate
+
+
+def pad_id_of(tokenizer, config_pad_id: int | None) -> int:
+    """The pad id a model is run with: the tokenizer's, else the model config's, else eos, else 0
+    (an engine that loads the model itself reads the config's from the folder)."""
+    for candidate in (tokenizer.pad_token_id, config_pad_id, tokenizer.eos_token_id, 0):
+        if candidate is not None:
+            return int(candidate)
+    return 0
 
 
 @dataclass

@@ -72,6 +72,17 @@ class TokenWindow:
     token_data: dict = field(default_factory=dict)  # name -> one sequence per row (token_type_ids), as the ids
 
 
+def outside_vocabulary(ids: list[int], vocab_size: int | None, where: str = "position") -> str | None:
+    """Why a row's ids cannot go to a model, or None: a token id it has no embedding for (a tokenizer
+    that knows more tokens than the model's table: a padding row of an engine's table would be read
+    silently). `where`: what a position is called in the message (a prompt's, for generate)."""
+    if vocab_size is None or not ids or (0 <= min(ids) and max(ids) < vocab_size):
+        return None
+    position, token = next((k, t) for k, t in enumerate(ids) if not 0 <= t < vocab_size)
+    return (f"token id {token} ({where} {position}) is outside the model's vocabulary (its config's vocab_size "
+            f"{vocab_size}: ids 0..{vocab_size - 1}); the tokenizer knows tokens the model cannot embed")
+
+
 def tokenize_window(encoder: Encoder, first: int, table: pa.Table, null_as_empty: bool) -> TokenWindow:
     """A window's texts (its first column; a pair: its first two) as token ids: the one path both
     tokenize-in-job and the tokenize rule take, so their ids are the same."""

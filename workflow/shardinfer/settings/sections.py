@@ -209,22 +209,46 @@ class GenerateSettings(TaskSettings):
 
 
 @dataclass(frozen=True)
-class EmbedSettings(TaskSettings):
+class EncoderSettings(TaskSettings):
+    """What the encoder tasks' sections share: the engine that runs them and vLLM's arguments (added
+    keys: a section that sets neither keeps its digests)."""
+
+    # one schema for these keys in every encoder section (a YAML anchor): classify's defaults are theirs
+    engine: str = added("classify", "engine")
+    vllm: dict = added("classify", "vllm")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "vllm", dict(self.vllm or {}))
+
+
+@dataclass(frozen=True)
+class ClassifySettings(EncoderSettings):
+    section: ClassVar[str] = "classify"
+
+
+@dataclass(frozen=True)
+class TokenClassifySettings(EncoderSettings):
+    section: ClassVar[str] = "token-classify"
+
+
+@dataclass(frozen=True)
+class EmbedSettings(EncoderSettings):
     section: ClassVar[str] = "embed"
     pooling: str = from_schema("embed", "pooling")
     normalize: bool = from_schema("embed", "normalize")
 
 
 @dataclass(frozen=True)
-class ScoreSettings(TaskSettings):
+class ScoreSettings(EncoderSettings):
     section: ClassVar[str] = "score"
     pair_column: str | None = from_schema("score", "pair_column")
     sigmoid: bool = from_schema("score", "sigmoid")
 
 
 # The sections by task: a task with a section of its own adds its class here (and the section to the schema).
-SECTIONS: dict[str, type[TaskSettings]] = {"generate": GenerateSettings, "embed": EmbedSettings,
-                                           "score": ScoreSettings}
+SECTIONS: dict[str, type[TaskSettings]] = {"generate": GenerateSettings, "classify": ClassifySettings,
+                                           "embed": EmbedSettings, "score": ScoreSettings,
+                                           "token-classify": TokenClassifySettings}
 
 
 def section_settings(task: str, section: Mapping | TaskSettings | None) -> TaskSettings:

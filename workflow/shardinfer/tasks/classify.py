@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import numpy as np
 import pyarrow as pa
 
@@ -53,8 +55,13 @@ class LabelledTask(TextTask):
     def check(self) -> None:
         refuse_untrained_head(self.loaded, self.settings.model)
 
-    @property
+    @cached_property
     def labels(self) -> list[str]:
+        """The head's labels: the loaded model's (named as `model.labels` says), or without one (an
+        engine of its own runs the model) as the model folder and `model.labels` name them."""
+        if self.model is None:
+            model = self.settings.model
+            return label_names(model.path, model.adapter, model.labels)
         config = self.model.config
         return [str(config.id2label.get(i, i)) for i in range(config.num_labels)]
 
@@ -67,11 +74,16 @@ class Classify(LabelledTask):
     # evaluate: accuracy, F1 and the confusion matrix (shardinfer.scores.metrics); integer gold values
     # compared with the ids, strings with the names
     reporting = Reporting(scored_as="labels", compared={"ids": "label_id", "names": "label"})
+    engines = ("transformers", "vllm")
 
     def predict(self, batch: dict) -> dict:
+        return self.from_pooled(self.model(**self.on_device(batch)).logits.float())
+
+    def from_pooled(self, logits) -> dict:
+        """The rows' logits (float32, rows first) as the task's results: every class's probability
+        (softmax) and the likeliest class, whichever engine ran the model."""
         import torch
 
-        logits = self.model(**self.on_device(batch)).logits.float()
         probs = torch.softmax(logits, dim=-1)
         return {"label_id": probs.argmax(dim=-1), "probs": probs}
 

@@ -37,6 +37,7 @@ class Score(TextTask):
     auto_class = "AutoModelForSequenceClassification"
     outputs = {"score": "float32"}
     token_data = ("token_type_ids",)  # a pair's segments: what tells the model which text is which
+    engines = ("transformers", "vllm")
 
     @classmethod
     def inputs(cls, inp: dict, section: dict) -> TaskInputs:
@@ -65,9 +66,14 @@ class Score(TextTask):
         refuse_label_count(self.settings.model, self.model.config.num_labels)
 
     def predict(self, batch: dict) -> dict:
+        return self.from_pooled(self.model(**self.on_device(batch)).logits.float())
+
+    def from_pooled(self, logits) -> dict:
+        """The rows' logits (float32, rows x 1) as the task's results: the logit, or its sigmoid with
+        `score.sigmoid`, whichever engine ran the model."""
         import torch
 
-        logits = self.model(**self.on_device(batch)).logits.float()[:, 0]
+        logits = logits[:, 0]
         return {"score": torch.sigmoid(logits) if self.settings.task_settings.sigmoid else logits}
 
     def to_arrow(self, results: dict, index: np.ndarray) -> list[pa.Array]:

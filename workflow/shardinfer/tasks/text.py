@@ -42,7 +42,8 @@ class TextTask(Task):
         self.tokens = TokenReader(context.tokens, self.token_data) if context.tokens else None
         self.prepare_stage = "read tokens" if self.tokens else "tokenize"
         self.null_as_empty = context.settings.input.null_text == "empty"
-        self.check()
+        if loaded is not None:  # what is checked of a loaded transformers model (an engine of its own checks its own)
+            self.check()
 
     @classmethod
     def load(cls, context: LoadContext) -> TextTask:
@@ -87,7 +88,7 @@ class TextTask(Task):
                             "out")
 
     def check(self) -> None:
-        """Refuse a model that would give meaningless outputs for this task."""
+        """Refuse a loaded transformers model that would give meaningless outputs for this task."""
 
     def token_ids(self, first: int, table: pa.Table) -> TokenWindow:
         if self.tokens is not None:

@@ -52,25 +52,37 @@ class TokenClassify(LabelledTask):
     tokenizes_ahead = False  # a token's character offsets are not in the tokenize rule's files
     token_data = ("offset_mapping", "special_tokens_mask")
     outputs = {"entities": pa.list_(ENTITY)}
+    engines = ("transformers", "vllm")
 
     def collate(self, window: Window, positions: np.ndarray) -> dict[str, Any]:
         """The padded batch, and per row its text tokens as (position in the padded row, start, end)."""
         inputs = TextTask.collate(self, window, positions)
-        width = inputs["input_ids"].shape[1]
+        return {"inputs": inputs, "spans": self.spans(window, positions, inputs["input_ids"].shape[1])}
+
+    def spans(self, window: Window, positions: np.ndarray, width: int | None = None) -> list[list[tuple]]:
+        """Per row its text tokens as (position in the model's row, start, end): in a batch padded on
+        the left to `width`, shifted by the row's padding; unpadded (`width` None: one row each,
+        as vLLM runs them), as they come."""
         offsets, special = window.token_data["offset_mapping"], window.token_data["special_tokens_mask"]
         spans = []
         for p in positions:
-            shift = width - max(len(window.data[p]), 1) if self.left else 0
+            shift = width - max(len(window.data[p]), 1) if self.left and width is not None else 0
             spans.append([(shift + t, start, end) for t, ((start, end), is_special)
                           in enumerate(zip(offsets[p], special[p])) if not is_special])
-        return {"inputs": inputs, "spans": spans}
+        return spans
 
     def predict(self, batch: dict) -> dict:
+        logits = self.model(**self.on_device(batch["inputs"])).logits.float()
+        return {**self.from_pooled(logits), "spans": batch["spans"]}
+
+    @staticmethod
+    def from_pooled(logits) -> dict:
+        """Per-token logits (float32: rows x tokens x labels, padded, or one row's tokens x labels)
+        as each token's likeliest label and its probability, whichever engine ran the model."""
         import torch
 
-        logits = self.model(**self.on_device(batch["inputs"])).logits.float()
         scores, label_ids = torch.softmax(logits, dim=-1).max(dim=-1)
-        return {"label_ids": label_ids, "scores": scores, "spans": batch["spans"]}
+        return {"label_ids": label_ids, "scores": scores}
 
     def to_arrow(self, results: dict, index: np.ndarray) -> list[pa.Array]:
         labels = self.labels

@@ -1,5 +1,8 @@
 """vLLM's offline engine for task generate (`generate.engine: vllm`): continuous batching, a paged
-KV cache and prefix caching, inside the same plan, shards, atomic shard files and proof.
+KV cache and prefix caching, inside the same plan, shards, atomic shard files and proof. Its pooling
+runner for the encoder tasks (`<task>.engine: vllm` for embed, classify, score, token-classify) is
+`pooling`, fed by the same loop (`feeder`): that module says what it keeps of the transformers
+engine.
 
 What stays the task's, as on the transformers engine (`shardinfer.tasks.generate.task`): the
 prompts, token for token (texts and conversations, chat template, system prompt, truncation to
@@ -44,7 +47,8 @@ Its modules: `generate` (the engine: `VllmGenerate`, serving task generate), `ch
 refused before any job runs, the devices an engine spans, and the engine's identity in the shard
 digest), `engine` (the engine's arguments and start), `parallel` (the devices it spans: its
 workers' GPUs or CPU cores), `feeder` (the loop between the windows and the engine) and `matching`
-(each output as the row's results, checked). They import vLLM inside their functions only: the
+(each output as the row's results, checked); `pooling` (the pooling runner: `VllmPooling`) and
+`pooling_checks` (what the encoder tasks on it are refused). They import vLLM inside their functions only: the
 config checks read its settings without it. What serves any engine of task generate lives with
 the task (`shardinfer.tasks.generate.task`: the row seeds in `params`, the finish reasons in `columns`).
 """

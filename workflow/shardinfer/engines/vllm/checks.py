@@ -74,21 +74,28 @@ def vllm_installed() -> bool:
         return False
 
 
-def check_vllm_settings(model_path: str, adapter: str | None, options: dict) -> None:
-    """Before any job runs: vLLM installed, no argument the workflow sets itself, an adapter vLLM
-    can load, and a generation_config the engine can follow."""
+def check_vllm_settings(model_path: str, adapter: str | None, options: dict, section: str = "generate",
+                        owned: dict[str, str] = OWNED_ARGUMENTS) -> None:
+    """Before any job runs: vLLM installed, no argument the workflow sets itself (`owned`: the
+    engine's), parallel sizes it can span and an adapter vLLM can load; `section`: the task's, for
+    messages. Generation's own checks: `check_generation_settings`."""
     if not vllm_installed():
-        raise UserError(f"generate.engine vllm needs vLLM, which is not installed here: {INSTALL_HINT}")
+        raise UserError(f"{section}.engine vllm needs vLLM, which is not installed here: {INSTALL_HINT}")
     for key, value in (options.get("vllm") or {}).items():
-        if key in OWNED_ARGUMENTS:
-            raise UserError(f"generate.vllm.{key} is set by the workflow (from {OWNED_ARGUMENTS[key]}); leave it out")
+        if key in owned:
+            raise UserError(f"{section}.vllm.{key} is set by the workflow (from {owned[key]}); leave it out")
         if key == "data_parallel_size" and value not in (1, None):
-            raise UserError(f"generate.vllm.data_parallel_size is {value!r}; each shard job runs one engine, so run "
+            raise UserError(f"{section}.vllm.data_parallel_size is {value!r}; each shard job runs one engine, so run "
                             "more shards instead (`shards:`)")
     Span.of(options)
-    check_cpu_head_size(model_path)
+    check_cpu_head_size(model_path, section)
     if adapter is not None:
         check_lora(adapter)
+
+
+def check_generation_settings(model_path: str, adapter: str | None, options: dict) -> None:
+    """generate.engine vllm: `check_vllm_settings`, and a generation_config the engine can follow."""
+    check_vllm_settings(model_path, adapter, options)
     generation_to_vllm(generation_config_of(model_path), model_path)
 
 
@@ -123,7 +130,7 @@ def head_size(model_path: str | None) -> int | None:
     return hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads > 0 else None
 
 
-def check_cpu_head_size(model_path: str | None) -> None:
+def check_cpu_head_size(model_path: str | None, section: str = "generate") -> None:
     """On vLLM's CPU build, a model whose heads its attention cannot run is refused before the engine
     starts (the engine would start, die, start again and die again, minutes in)."""
     size = head_size(model_path)
@@ -131,7 +138,7 @@ def check_cpu_head_size(model_path: str | None) -> None:
         return
     raise UserError(f"model.path `{model_path}` has attention heads of size {size}, which vLLM's CPU build cannot "
                     f"run (its attention takes head sizes {', '.join(map(str, CPU_HEAD_SIZES))}); use "
-                    "generate.engine transformers for this model, or vLLM on a GPU")
+                    f"{section}.engine transformers for this model, or vLLM on a GPU")
 
 
 @dataclass(frozen=True)

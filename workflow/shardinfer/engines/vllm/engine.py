@@ -1,13 +1,17 @@
 """vLLM's offline engine in the shard job's process: its arguments (the workflow's own, the
-device's defaults, then the user's `generate.vllm`), its environment and its start. The devices it
-spans: `shardinfer.engines.vllm.parallel`.
+device's defaults, then the user's `<task>.vllm`), its environment, its start and its stop. The
+devices it spans: `shardinfer.engines.vllm.parallel`. What every vLLM engine of the workflow starts
+with is here (`base_arguments`, `cpu_defaults`); generation's own arguments too (`engine_arguments`),
+the pooling runner's in `shardinfer.engines.vllm.pooling`.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
+from pathlib import Path
 
 from shardinfer.core.errors import UserError, first_line
 from shardinfer.engines.vllm.checks import INSTALL_HINT, Span, check_lora, vllm_version
@@ -45,24 +49,41 @@ def cpu_kv_cache_bytes(model: ModelSettings, dtype: str, max_model_len: int, max
     return min(per_token * max_model_len * max_num_seqs, CPU_KV_CAP_BYTES)
 
 
-def engine_arguments(context: LoadContext) -> dict:
-    """LLM(...) keyword arguments: the workflow's own (OWNED_ARGUMENTS), the engine's defaults for
-    this device and the devices it spans, then the user's `generate.vllm` mapping."""
-    model, options = context.settings.model, context.settings.task_settings
-    dtype = str(context.dtype).replace("torch.", "")
-    user = dict(options.get("vllm") or {})
-    arguments = {"model": model.path, "tokenizer": model.path, "dtype": dtype,
-                 "trust_remote_code": model.trust_remote_code, "max_model_len": model.max_length + model.max_new_tokens,
-                 "generation_config": "vllm", "seed": 0, **output_arguments(options)}
-    arguments.update(parallel_arguments(Span.of(options)))
+def base_arguments(context: LoadContext, max_model_len: int) -> dict:
+    """LLM(...) keyword arguments every vLLM engine of the workflow sets itself (OWNED_ARGUMENTS):
+    the model folder (and its tokenizer), dtype, remote code, the longest row, a fixed seed, and
+    the adapter as a LoRA of its rank rounded up."""
+    model = context.settings.model
+    arguments = {"model": model.path, "tokenizer": model.path, "dtype": str(context.dtype).replace("torch.", ""),
+                 "trust_remote_code": model.trust_remote_code, "max_model_len": max_model_len, "seed": 0}
     if model.adapter is not None:
         arguments.update(enable_lora=True, max_loras=1, max_lora_rank=check_lora(model.adapter))
+    return arguments
+
+
+def cpu_defaults(context: LoadContext, user: dict, max_model_len: int) -> dict:
+    """On vLLM's CPU build: eager (torch.compile costs minutes of start-up) and, unless the user
+    sizes it, a KV cache for max_num_seqs rows (vLLM's default reserves a share of host memory,
+    which fails beside other processes)."""
+    defaults = {"enforce_eager": True}
+    if "kv_cache_memory_bytes" not in user and "gpu_memory_utilization" not in user:
+        seqs = int(user.get("max_num_seqs", 256))
+        dtype = str(context.dtype).replace("torch.", "")
+        defaults.update(max_num_seqs=seqs, kv_cache_memory_bytes=cpu_kv_cache_bytes(
+            context.settings.model, dtype, max_model_len, seqs))
+    return defaults
+
+
+def engine_arguments(context: LoadContext) -> dict:
+    """Generation's LLM(...) keyword arguments: the workflow's own (OWNED_ARGUMENTS), the engine's
+    defaults for this device and the devices it spans, then the user's `generate.vllm` mapping."""
+    model, options = context.settings.model, context.settings.task_settings
+    user = dict(options.get("vllm") or {})
+    arguments = {**base_arguments(context, model.max_length + model.max_new_tokens),
+                 "generation_config": "vllm", **output_arguments(options)}
+    arguments.update(parallel_arguments(Span.of(options)))
     if context.device.type == "cpu":
-        defaults = {"enforce_eager": True}  # torch.compile on CPU costs minutes of start-up
-        if "kv_cache_memory_bytes" not in user and "gpu_memory_utilization" not in user:
-            seqs = int(user.get("max_num_seqs", 256))
-            defaults.update(max_num_seqs=seqs, kv_cache_memory_bytes=cpu_kv_cache_bytes(
-                model, dtype, arguments["max_model_len"], seqs))
+        defaults = cpu_defaults(context, user, arguments["max_model_len"])
         batch = lines_carry_parameters(context.settings)  # any line may sample
         if options.get("do_sample") or batch:
             why = "an OpenAI batch file's lines" if batch else "generate.do_sample"
@@ -114,28 +135,49 @@ def engine_environment() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
 
 
-def start_engine(context: LoadContext):
+def lora_request(adapter: str | None):
+    """model.adapter as the LoRA every request of the job names (None without one)."""
+    if adapter is None:
+        return None
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest("adapter", 1, str(Path(adapter).resolve()))
+
+
+def start_engine(context: LoadContext, arguments: dict | None = None):
     """vLLM's offline engine, in this process, with its log in the job's log; what it is refused
-    (its arguments, the devices it spans) is refused before vLLM is imported."""
+    (its arguments, the devices it spans) is refused before vLLM is imported. `arguments`:
+    generation's (`engine_arguments`) unless given."""
     import torch
 
-    arguments = engine_arguments(context)
+    arguments = engine_arguments(context) if arguments is None else arguments
+    what = f"{context.settings.model.task}.engine vllm"
     spans = place_workers(Span.of(context.settings.task_settings), context.device.type, torch.get_num_threads())
     engine_environment()
     try:
         from vllm import LLM
         from vllm.exceptions import VLLMError
     except ImportError as error:
-        raise UserError(f"generate.engine vllm: vLLM cannot be imported here ({first_line(error)}); "
+        raise UserError(f"{what}: vLLM cannot be imported here ({first_line(error)}); "
                         f"{INSTALL_HINT}") from None
     started = time.perf_counter()
     try:
         engine = LLM(**arguments)
     except (VLLMError, ValueError, TypeError, RuntimeError, OSError, KeyError, NotImplementedError) as error:
-        raise UserError(f"generate.engine vllm: the engine did not start for model.path "
+        raise UserError(f"{what}: the engine did not start for model.path "
                         f"`{context.settings.model.path}` ({first_line(error)})") from error
     seconds = time.perf_counter() - started
     log.info("vLLM engine (%s) started in %.1f s with %s", vllm_version(), seconds,
              {k: v for k, v in arguments.items() if k not in ("model", "tokenizer")})
     log.info("the engine spans %s", spans)
     return engine, seconds
+
+
+def stop_engine(llm) -> None:
+    """An engine shut down (one that died, before another starts in its place) and its memory freed."""
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception as error:  # noqa: BLE001 - a dead engine may fail to shut down cleanly
+        log.warning("shutting the dead engine down failed (%s: %s)", type(error).__name__, first_line(error))
+    del llm
+    gc.collect()

@@ -1,5 +1,8 @@
 """One loop between the shard's windows and vLLM's engine: the engine kept full across windows, and
-a bad prompt costing its own row (`VllmGenerate.feed`).
+a bad prompt costing its own row (`VllmGenerate.feed`, `VllmPooling.feed`). The engine it feeds
+says what a row's request is, which outputs failed, and what a window's outputs are
+(`request`, `refused`, `results`, `health_request`): the loop is the same for generation and
+pooling requests.
 
 - **Fed, not drained.** Each row is its own request (`LLMEngine.add_request`), and the loop steps
   the engine (`step()`, what `LLM.generate` runs inside) while it takes the next windows: whenever
@@ -34,7 +37,6 @@ from typing import Any
 
 from shardinfer.core.errors import UserError, first_line
 from shardinfer.engines.base import NOT_YET
-from shardinfer.engines.vllm.matching import engine_refused, rows_results
 
 log = logging.getLogger(__name__)
 
@@ -75,15 +77,6 @@ class EngineProgress:
             log.info("engine: %d rows done, %.1f rows/s", self.rows, self.rows / max(now - self.started, 1e-9))
 
 
-def engine_prompt(ids: list[int], images) -> dict:
-    """A row's prompt for the engine: its ids, or with images (`generate_images.ImageRow`) the ids
-    with one image token per image and the images, which vLLM expands itself (the row's `ids`, as
-    the processor expanded them, are what its output must show it ran)."""
-    if images is None:
-        return {"prompt_token_ids": list(map(int, ids))}
-    return {"prompt_token_ids": list(map(int, images.placeholder_ids)), "multi_modal_data": {"image": images.pictures}}
-
-
 def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {first_line(error)}"
 
@@ -92,7 +85,7 @@ class Feeder:
     """The loop; `run` yields (key, results of the rows that did not fail, in row order, failed)."""
 
     def __init__(self, runner, record: bool) -> None:
-        self.runner, self.record = runner, record  # the VllmGenerate whose vLLM engine it feeds
+        self.runner, self.record = runner, record  # the engine (VllmGenerate, VllmPooling) whose vLLM it feeds
         self.requests: dict[str, tuple[FedWindow, int]] = {}  # request id -> its row
         self.added = 0  # requests added so far: each gets an id of its own, also when a row is added again
         self.restarted = False
@@ -153,15 +146,12 @@ class Feeder:
     def add(self, fed: FedWindow, position: int) -> None:
         """One row's request; a prompt the engine refuses as it is added fails that row alone."""
         from vllm.exceptions import VLLMError
-        from vllm.sampling_params import RequestOutputKind
 
         request_id = f"{fed.row(position)}/{self.added}"
         self.added += 1
-        sampling = self.runner.sampling_params(fed.batch["params"][position], fed.row(position))
-        sampling.output_kind = RequestOutputKind.FINAL_ONLY  # what LLM.generate asks: one output per request
-        prompt = engine_prompt(fed.batch["ids"][position], fed.batch["images"][position])
+        prompt, params = self.runner.request(fed.batch, position, fed.row(position))
         try:
-            self.engine.add_request(request_id, prompt, sampling, lora_request=self.runner.lora)
+            self.engine.add_request(request_id, prompt, params, lora_request=self.runner.lora)
         except (VLLMError, ValueError, TypeError, AssertionError, KeyError, IndexError) as error:
             self.fail(fed, position, f"{type(error).__name__}: vLLM refused the prompt ({first_line(error)})")
             return
@@ -187,8 +177,9 @@ class Feeder:
                 fed, position = self.owner(output.request_id)
                 fed.waiting.discard(position)
                 self.progress.advance()
-                if engine_refused(output):
-                    self.fail(fed, position, "EngineError: vLLM ended the row with finish_reason 'error'")
+                refused = self.runner.refused(output)
+                if refused:
+                    self.fail(fed, position, f"EngineError: {refused}")
                 else:
                     fed.outputs[position] = output
         if not outputs and not self.engine.has_unfinished_requests():
@@ -260,16 +251,11 @@ class Feeder:
         return None, []
 
     def healthy(self) -> bool:
-        """Whether the engine still runs a row: a one-token greedy request of one token."""
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
+        """Whether the engine still runs a row: the engine's request of one token (`health_request`)."""
         request_id = f"health/{self.added}"
         self.added += 1
         try:
-            self.engine.add_request(request_id, {"prompt_token_ids": [self.runner.task.pad_id]},
-                                    SamplingParams(max_tokens=1, temperature=0.0,
-                                                   output_kind=RequestOutputKind.FINAL_ONLY))
+            self.engine.add_request(request_id, *self.runner.health_request())
             while self.engine.has_unfinished_requests():
                 if any(output.finished for output in self.engine.step() if output.request_id == request_id):
                     return True
@@ -294,7 +280,5 @@ class Feeder:
     def finished(self, fed: FedWindow) -> tuple[Any, dict, dict[int, str]]:
         """A window's results (the rows that did not fail, in row order) and its failed rows."""
         ok = sorted(fed.outputs)
-        batch, eos_ids = fed.batch, self.runner.task.eos_ids
-        results = rows_results([fed.outputs[p] for p in ok], [batch["ids"][p] for p in ok],
-                               [batch["index"][p] for p in ok], eos_ids, [batch["params"][p] for p in ok])
+        results = self.runner.results([fed.outputs[p] for p in ok], fed.batch, ok)
         return fed.key, results, dict(sorted(fed.failed.items()))

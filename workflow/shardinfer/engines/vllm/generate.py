@@ -7,10 +7,8 @@ row (`shardinfer.engines.vllm.feeder`), one seed per row, every output checked a
 
 from __future__ import annotations
 
-import gc
 import logging
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,15 +18,16 @@ from shardinfer.engines.base import Engine
 from shardinfer.engines.vllm.checks import (
     SPANS_SETTING,
     Span,
+    check_generation_settings,
     check_one_device,
-    check_vllm_settings,
     engine_identity,
     generation_config_of,
     generation_to_vllm,
     vllm_version,
 )
-from shardinfer.engines.vllm.engine import start_engine
+from shardinfer.engines.vllm.engine import lora_request, start_engine, stop_engine
 from shardinfer.engines.vllm.feeder import Feeder
+from shardinfer.engines.vllm.matching import engine_refused, rows_results
 from shardinfer.tasks.base import LoadContext, Window
 from shardinfer.tasks.generate.chat_content import vllm_content_format
 from shardinfer.tasks.generate.params import PromptRows, RowParams, row_seed
@@ -56,13 +55,13 @@ class VllmGenerate(Engine):
         self.sampling_defaults = generation_to_vllm(generation_config, context.settings.model.path)
         if "min_tokens" in self.sampling_defaults:  # model.generate's min_new_tokens never outlasts max_new_tokens
             self.sampling_defaults["min_tokens"] = min(int(self.sampling_defaults["min_tokens"]), task.max_new_tokens)
-        self.lora = self.lora_request(context.settings.model.adapter)
+        self.lora = lora_request(context.settings.model.adapter)
         check_structured(task.options.structured)
 
     @classmethod
     def check_settings(cls, settings) -> None:
         """Installed, and what it is handed it can take."""
-        check_vllm_settings(settings.model.path, settings.model.adapter, settings.task_settings)
+        check_generation_settings(settings.model.path, settings.model.adapter, settings.task_settings)
 
     @classmethod
     def check_unused(cls, settings) -> None:
@@ -102,14 +101,6 @@ class VllmGenerate(Engine):
         return {**super().finish(), "engine_start_s": round(self.start_s, 3), "engine": vllm_version(),
                 "engine_restarts": self.restarts}
 
-    @staticmethod
-    def lora_request(adapter: str | None):
-        if adapter is None:
-            return None
-        from vllm.lora.request import LoRARequest
-
-        return LoRARequest("adapter", 1, str(Path(adapter).resolve()))
-
     def batches(self, window: Window, batch) -> list[np.ndarray]:
         """The whole window in one call: the engine schedules its rows continuously."""
         return [np.arange(window.rows)]
@@ -145,6 +136,33 @@ class VllmGenerate(Engine):
                               logit_bias=dict(params.logit_bias) or None,
                               **(sampled if params.do_sample else {"temperature": 0.0}), **self.sampling_defaults)
 
+    def request(self, batch: dict, position: int, row: int) -> tuple[dict, Any]:
+        """A row's request for the engine loop (`feeder`): its prompt and SamplingParams, one output per
+        request (what LLM.generate asks)."""
+        from vllm.sampling_params import RequestOutputKind
+
+        sampling = self.sampling_params(batch["params"][position], row)
+        sampling.output_kind = RequestOutputKind.FINAL_ONLY
+        return engine_prompt(batch["ids"][position], batch["images"][position]), sampling
+
+    @staticmethod
+    def refused(output) -> str | None:
+        """Why the engine failed a finished row itself (None: it did not)."""
+        return "vLLM ended the row with finish_reason 'error'" if engine_refused(output) else None
+
+    def results(self, outputs: list, batch: dict, positions: list[int]) -> dict:
+        """The task's results of a window's rows that did not fail (`positions`), each checked (`matching`)."""
+        return rows_results(outputs, [batch["ids"][p] for p in positions], [batch["index"][p] for p in positions],
+                            self.task.eos_ids, [batch["params"][p] for p in positions])
+
+    def health_request(self) -> tuple[dict, Any]:
+        """A request that shows the engine still runs a row: one greedy token after the pad token."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return ({"prompt_token_ids": [self.task.pad_id]},
+                SamplingParams(max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.FINAL_ONLY))
+
     def feed(self, take: Callable[[bool], Any], record: bool) -> Iterator[tuple[Any, dict, dict[int, str]]]:
         """The shard's windows through one engine loop (`feeder`), kept full across windows."""
         return Feeder(self, record).run(take)
@@ -160,15 +178,19 @@ class VllmGenerate(Engine):
     def restart(self) -> None:
         """A new engine in place of one that died: the old one shut down and released first."""
         old, self.llm = self.llm, None
-        try:
-            old.llm_engine.engine_core.shutdown()
-        except Exception as error:  # noqa: BLE001 - a dead engine may fail to shut down cleanly
-            log.warning("shutting the dead engine down failed (%s: %s)", type(error).__name__, first_line(error))
-        del old
-        gc.collect()
+        stop_engine(old)
         self.llm, seconds = start_engine(self.context)
         self.start_s += seconds
         self.restarts += 1
+
+
+def engine_prompt(ids: list[int], images) -> dict:
+    """A row's prompt for the engine: its ids, or with images (`generate_images.ImageRow`) the ids
+    with one image token per image and the images, which vLLM expands itself (the row's `ids`, as
+    the processor expanded them, are what its output must show it ran)."""
+    if images is None:
+        return {"prompt_token_ids": list(map(int, ids))}
+    return {"prompt_token_ids": list(map(int, images.placeholder_ids)), "multi_modal_data": {"image": images.pictures}}
 
 
 def structured_params(spec: dict | None):

@@ -33,7 +33,7 @@ from typing import Any
 import pyarrow as pa
 
 from shardinfer.core.errors import UserError
-from shardinfer.hf.tokens import TokenWindow
+from shardinfer.hf.tokens import TokenWindow, outside_vocabulary
 from shardinfer.input.scan import text_values
 from shardinfer.tasks.generate.chat_content import STRING, lost_text, shaped, texts_of
 
@@ -53,10 +53,9 @@ def prompt_token_ids(tokenizer, prompts: list[str], max_length: int, chat_templa
 def prompt_problem(ids: list[int], max_new_tokens: int, max_model_len: int, vocab_size: int | None) -> str | None:
     """Why a prompt cannot go to an engine, or None: a token id the model has no embedding for, or
     too many tokens with the new ones (`max_model_len`: max_length + model.max_new_tokens)."""
-    if vocab_size is not None and ids and (max(ids) >= vocab_size or min(ids) < 0):
-        position, token = next((k, t) for k, t in enumerate(ids) if not 0 <= t < vocab_size)
-        return (f"token id {token} (prompt position {position}) is outside the model's vocabulary (its config's "
-                f"vocab_size {vocab_size}: ids 0..{vocab_size - 1}); the tokenizer knows tokens the model cannot embed")
+    outside = outside_vocabulary(ids, vocab_size, "prompt position")
+    if outside:
+        return outside
     length = max(len(ids), 1)  # an empty prompt runs as the pad token alone
     if length + max_new_tokens > max_model_len:
         return (f"its {length} prompt tokens + max_new_tokens {max_new_tokens} exceed {max_model_len} "
