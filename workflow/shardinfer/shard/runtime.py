@@ -15,6 +15,7 @@ import torch
 
 from shardinfer.hf.batching import batch_budget
 from shardinfer.hf.models import choose_device, choose_dtype
+from shardinfer.nodes.ranks import devices_here
 from shardinfer.settings.config import BatchSettings, Settings
 from shardinfer.shard.devices import Lease, acquire_devices, default_wait_s
 from shardinfer.tasks import engine_class
@@ -52,7 +53,8 @@ def lease_devices(settings: Settings) -> Lease:
     """This job's devices: as many as one engine of its task spans (`Task.devices`: the infer rule's
     `resources: gpu`), leased together, or the scheduler's."""
     engine = engine_class(settings)
-    count = engine.devices(settings.task_settings)
+    # With several node ranks (generate.vllm.nnodes), those of the ranks on this host only.
+    count = devices_here(settings.task_settings, engine.devices(settings.task_settings))
     return acquire_devices(count, wait_s=default_wait_s(), asked_by=engine.devices_setting or "the GPUs per engine")
 
 

@@ -10,6 +10,7 @@ import os
 import time
 
 from shardinfer.core.errors import UserError, first_line
+from shardinfer.nodes.ranks import node_ranks
 from shardinfer.settings.config import ModelSettings
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.generate.params import lines_carry_parameters
@@ -120,7 +121,10 @@ def start_engine(context: LoadContext):
     import torch
 
     arguments = engine_arguments(context)
-    spans = place_workers(Span.of(context.settings.task_settings), context.device.type, torch.get_num_threads())
+    # An engine over several machines (generate.vllm.nnodes): its other node ranks, started below.
+    ranks = node_ranks(arguments, context.device.type, torch.get_num_threads())
+    spans = ranks.where() if ranks else place_workers(Span.of(context.settings.task_settings), context.device.type,
+                                                      torch.get_num_threads())
     engine_environment()
     try:
         from vllm import LLM
@@ -130,7 +134,7 @@ def start_engine(context: LoadContext):
                         f"{INSTALL_HINT}") from None
     started = time.perf_counter()
     try:
-        engine = LLM(**arguments)
+        engine = LLM(**arguments, **(ranks.start(arguments) if ranks else {}))
     except (VLLMError, ValueError, TypeError, RuntimeError, OSError, KeyError, NotImplementedError) as error:
         raise UserError(f"generate.engine vllm: the engine did not start for model.path "
                         f"`{context.settings.model.path}` ({first_line(error)})") from error
