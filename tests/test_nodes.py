@@ -166,7 +166,8 @@ def test_the_snakefile_refuses_a_node_count_that_does_not_divide_the_workers(cau
     result = run_workflow(tmp_path, config, "-n")
     assert result.returncode == 1
     output = result.stdout + result.stderr
-    assert re.search(r"ERROR: generate.vllm.nnodes is 3, which does not divide the 2 worker\(s\)", output), output[-3000:]
+    assert re.search(r"ERROR: generate.vllm.nnodes is 3, which does not divide the 2 worker\(s\)", output), \
+        output[-3000:]
 
 
 # ---- the watchdog and the stop, on real processes ---------------------------------------------------------
@@ -176,10 +177,12 @@ def test_the_snakefile_refuses_a_node_count_that_does_not_divide_the_workers(cau
 def lost_signals(monkeypatch):
     """LOST_SIGNAL recorded instead of stopping this process; no launch left behind."""
     seen = []
+    launch._lost.clear()
     previous = signal.signal(launch.LOST_SIGNAL, lambda signum, frame: seen.append(launch.lost_rank()))
     monkeypatch.setattr(launch, "STOP_S", 2.0)
     yield seen
     launch.stop_ranks()
+    launch._lost.clear()
     signal.signal(launch.LOST_SIGNAL, previous)
 
 
@@ -195,6 +198,16 @@ def test_a_rank_killed_is_reported_in_one_line_naming_it_within_a_second(lost_si
     patience.until(lambda: lost_signals, what="the watchdog's signal", every_s=0.05)
     assert lost_signals == ["the loss of the engine's rank 1 on node vm (its srun step ended: killed by SIGKILL)"]
     assert launch.how_it_ended(137) == "exit status 137 (SIGKILL)" and launch.how_it_ended(1) == "exit status 1"
+
+
+def test_an_engine_started_again_after_a_rank_died_reports_the_rank_instead(lost_signals):
+    """vLLM's engine may see a rank's loss first (its collective fails) and the shard job start it
+    again: the ranks to be replaced get a moment to show they ended, and one that did is reported."""
+    dying = launch.Rank(1, "h", started("import time; time.sleep(1); raise SystemExit(3)"))
+    launched = launch.Launch(Placement(("h", "h")), [dying])
+    launched.stopping.set()  # the watchdog out of the way: the check before a restart alone
+    launched.await_loss(30)
+    assert lost_signals == ["the loss of the engine's rank 1 on this host (exit status 3)"]
 
 
 def test_stopping_ends_every_rank_even_one_that_ignores_sigterm_and_reports_no_loss(lost_signals):

@@ -10,7 +10,9 @@ Its output goes to the shard log.
   engine runs, it signals this process (LOST_SIGNAL), which the shard job turns into a clean stop
   (`shardinfer.shard.stop`): the windows already predicted are committed, and the job fails with one
   line naming the rank and its node, never waiting in a collective for a rank that is gone. If the
-  job has not ended GRACE_S later, the watchdog ends it.
+  job has not ended GRACE_S later, the watchdog ends it. vLLM's engine may see the loss first (a
+  collective fails) and the shard job start it again (`shardinfer.tasks.vllm.feeder`): the ranks it
+  would replace are given RESTART_WAIT_S to show they ended, so a lost rank is reported, not restarted.
 - **No rank outlives the job.** The shard job stops its ranks when it exits (SIGTERM, then SIGKILL
   after STOP_S; a finished engine leaves vLLM's headless workers waiting for ever). Each rank also
   reads its stdin, a pipe from rank 0, and stops at its end: rank 0 killed outright (SIGKILL) closes it.
@@ -39,6 +41,7 @@ LOST_SIGNAL = signal.SIGUSR2
 GRACE_S = 60.0  # after a rank is lost: the most the shard job may take to commit and stop
 STOP_S = 15.0  # a rank asked to stop: then it is killed
 POLL_S = 0.2
+RESTART_WAIT_S = 5.0  # before an engine's ranks are replaced: the time a rank that died has to show it
 WORKER_MODULE = "shardinfer.nodes.vllm_worker"
 _lost: list[str] = []  # why the engine lost a rank (LOST_SIGNAL's reason), once one is lost
 
@@ -89,7 +92,7 @@ class Launch:
 
     def __init__(self, placement: Placement, ranks: list[Rank]) -> None:
         self.placement, self.ranks = placement, ranks
-        self.stopping = threading.Event()
+        self.stopping, self.reported = threading.Event(), threading.Lock()
         threading.Thread(target=self.watch, daemon=True, name="shardinfer-rank-watchdog").start()
 
     def watch(self) -> None:
@@ -100,12 +103,32 @@ class Launch:
                     self.lose(rank, code)
                     return
 
-    def lose(self, rank: Rank, code: int) -> None:
-        """Rank lost: this process told (LOST_SIGNAL), and ended if it has not stopped GRACE_S later."""
-        how = how_it_ended(code)
-        how = f"its srun step ended: {how}" if self.placement.scheduler == "slurm" else how
-        _lost[:] = [f"the loss of the engine's rank {rank.number} on {self.placement.where(rank.number)} ({how})"]
+    def report(self, rank: Rank, code: int) -> None:
+        """Rank lost: this process told (LOST_SIGNAL), once."""
+        with self.reported:
+            if _lost:
+                return
+            how = how_it_ended(code)
+            how = f"its srun step ended: {how}" if self.placement.scheduler == "slurm" else how
+            _lost[:] = [f"the loss of the engine's rank {rank.number} on {self.placement.where(rank.number)} ({how})"]
         os.kill(os.getpid(), LOST_SIGNAL)
+
+    def await_loss(self, seconds: float) -> None:
+        """Before the ranks are replaced (vLLM's engine died, and the shard job starts it again): a rank
+        that ended, or ends within `seconds` (its srun step may take that long to follow its task),
+        is a rank lost, reported as the watchdog would, not a reason to start the engine again."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for rank in self.ranks:
+                code = rank.process.poll()
+                if code is not None:
+                    self.report(rank, code)
+                    return
+            time.sleep(POLL_S)
+
+    def lose(self, rank: Rank, code: int) -> None:
+        """The watchdog's: the rank reported, and this process ended if it has not stopped GRACE_S later."""
+        self.report(rank, code)
         if not self.stopping.wait(GRACE_S):
             log.error("%s; the shard job did not stop within %.0f s, so it is ended now", _lost[0], GRACE_S)
             self.stop()
@@ -153,7 +176,10 @@ atexit.register(stop_ranks)
 
 
 def start_ranks(placement: Placement, shares: list[RankShare], arguments: dict, master_port: int) -> Launch:
-    """Start ranks 1.. of the engine, each with its share and vLLM's arguments for its node rank."""
+    """Start ranks 1.. of the engine, each with its share and vLLM's arguments for its node rank (those
+    of an engine started before, stopped first, unless one of them was lost)."""
+    for launched in _current:
+        launched.await_loss(RESTART_WAIT_S)
     stop_ranks()
     _lost.clear()
     ranks = []
