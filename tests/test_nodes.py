@@ -8,6 +8,7 @@ engine row for row. The same engine on the real Slurm, its faults included: test
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 import re
@@ -45,7 +46,7 @@ def node_config(workdir: Path, lm: Path, rows: int, window: int) -> dict:
     data = workdir / "data" / "prompts.parquet"
     data.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame({"id": [f"p{i}" for i in range(rows)], "text": node_texts(rows)}).to_parquet(data, index=False)
-    config = generate_config(data, lm, 1, 4, **TWO_RANKS)
+    config = generate_config(data, lm, 1, 4, **copy.deepcopy(TWO_RANKS))
     config["batch"]["sort_window"] = window
     return config
 
@@ -241,6 +242,19 @@ def test_srun_starts_a_rank_as_a_step_of_the_shards_own_job_without_the_steps_se
     assert launch.srun_environment(env) == {"SLURM_JOB_ID": "42", "HOME": "/"}
 
 
+def live_members(group: int) -> list[int]:
+    """The processes of process group `group` that still run (not zombies awaiting their parent)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
 # ---- a real run: two node ranks on this host --------------------------------------------------------------
 
 
@@ -263,4 +277,4 @@ def test_an_engine_over_two_node_ranks_on_this_host_equals_the_transformers_engi
            "rank 1 on this host; master address 127.0.0.1" in log
     assert "shardinfer: rank 1: 1 CPU worker(s) (VLLM_CPU_OMP_THREADS_BIND=1)" in log
     pid = int(re.search(r"started the engine's rank 1 on this host \(pid (\d+)\)", log).group(1))
-    assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+    assert live_members(pid) == []  # rank 1 and its vLLM worker, in a process group of their own
