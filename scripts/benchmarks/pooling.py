@@ -18,12 +18,15 @@ sentences, repeated to each `--rows`. Variants:
 - sentence-transformers (if installed): `SentenceTransformer` (the folder's modules, or a
   Transformer and a Pooling module of the same pooling) `.encode(texts, batch_size=64)`;
 - bare-vllm: `LLM(runner="pooling", ...)` with the shard job's engine arguments
-  (`pooling.pooling_arguments`), `.embed(texts, tokenization_kwargs=truncation at max_length)`.
+  (`pooling.pooling_arguments`) and its engine in the process as the shard job's
+  (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), `.embed(texts, tokenization_kwargs=truncation at
+  max_length)`.
 
 Each of `--repeats` rounds runs every variant once, in turn; each variant's median wall time is
 printed, and its ratio to bare `LLM.embed` within each round (the median of the rounds:
-`paired.median_ratio`). The engine start is printed on its own line: the shard job's
-(summary.json's `engine_start_s`) and bare vLLM's (its `LLM(...)` timed in its process). Every
+`paired.median_ratio`). The engine start is printed on its own line: `LLM(...)` once vLLM is
+imported, the shard job's (summary.json's `engine_start_s`) and bare vLLM's, and vLLM's import
+apart (bare's; the shard job pays about as much). Every
 variant's embeddings are compared with the vLLM workflow's before any time is printed.
 """
 
@@ -70,12 +73,13 @@ arguments, texts_path, out, normalize, max_length = json.loads(sys.argv[1]), *sy
 texts = [json.loads(line)["text"] for line in open(texts_path)]
 started = time.perf_counter()
 from vllm import LLM, PoolingParams
+imported = time.perf_counter()
 llm = LLM(**arguments)
-start_s = time.perf_counter() - started
+start_s, import_s = time.perf_counter() - imported, imported - started
 outputs = llm.embed(texts, use_tqdm=False, pooling_params=PoolingParams(use_activation=normalize == "1"),
                     tokenization_kwargs={"truncation": True, "max_length": int(max_length)})
 np.save(out, np.stack([o.outputs.embedding for o in outputs]).astype(np.float32))
-print(json.dumps({"engine_start_s": start_s}))
+open(out + ".json", "w").write(json.dumps({"engine_start_s": start_s, "import_s": import_s}))
 """
 ST_POOLING = {"mean": "mean", "cls": "cls", "last": "lasttoken"}
 
@@ -139,20 +143,22 @@ def bare_arguments(model: dict, device: str) -> dict:
     return pooling_arguments(LoadContext(settings, torch.device(device), torch.float32))
 
 
-def bare(model: dict, texts: Path, out: Path, device: str) -> tuple[float, float]:
-    """Bare LLM.embed in a fresh process: (wall s, its engine start s)."""
+def bare(model: dict, texts: Path, out: Path, device: str) -> tuple[float, dict]:
+    """Bare LLM.embed in a fresh process, its engine in the process as the shard job's is
+    (VLLM_ENABLE_V1_MULTIPROCESSING=0: no engine-core process to spawn): (wall s, its `LLM(...)`
+    seconds and vLLM's import seconds)."""
     import subprocess
     import time
 
     command = [sys.executable, "-c", BARE_CODE, json.dumps(bare_arguments(model, device)), str(texts), str(out),
                "1" if model["normalize"] else "0", str(model["max_length"])]
     started = time.perf_counter()
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"}
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     result = subprocess.run(command, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - started
     if result.returncode != 0:
         sys.exit(f"bare LLM.embed failed:\n{result.stderr[-3000:]}")
-    return wall, json.loads(result.stdout.strip().splitlines()[-1])["engine_start_s"]
+    return wall, json.loads(Path(f"{out}.json").read_text())
 
 
 def sentence_transformers(model: dict, texts: Path, out: Path, device: str) -> float:
@@ -179,7 +185,7 @@ def rounds(name: str, model: dict, rows: int, repeats: int, work: Path, device: 
     tag = f"{name.split()[0]}-{rows}"
     walls = {variant: [] for variant in ("workflow-vllm", "workflow-transformers", "sentence-transformers",
                                           "bare-vllm") if variant != "sentence-transformers" or st_installed()}
-    starts, outputs = {"workflow-vllm": [], "bare-vllm": []}, {}
+    starts, outputs = {"workflow-vllm": [], "bare-vllm": [], "bare-import": []}, {}
     for round_ in range(repeats):
         for engine in ("vllm", "transformers"):
             seconds, outputs[f"workflow-{engine}"] = workflow(model, engine, texts, work / f"{tag}-{engine}", device)
@@ -193,7 +199,8 @@ def rounds(name: str, model: dict, rows: int, repeats: int, work: Path, device: 
         outputs["bare-vllm"] = work / f"{tag}-bare.npy"
         seconds, start = bare(model, texts, outputs["bare-vllm"], device)
         walls["bare-vllm"].append(seconds)
-        starts["bare-vllm"].append(start)
+        starts["bare-vllm"].append(start["engine_start_s"])
+        starts["bare-import"].append(start["import_s"])
         print(f"  {name}, {rows:,} rows, round {round_ + 1}: " + ", ".join(
             f"{variant} {values[-1]:.1f} s" for variant, values in walls.items()), flush=True)
     return {"walls": walls, "starts": starts, "outputs": outputs}
@@ -210,8 +217,9 @@ def report(name: str, rows: int, result: dict) -> None:
         median = statistics.median(values)
         print(f"  {variant:<24}{median:>8.1f} s wall (median of {len(values)}), {rows / median:>8.0f} rows/s; "
               f"against bare LLM.embed {median_ratio(values, bare_walls)}")
-    print(f"  engine start: the vLLM shard job {statistics.median(result['starts']['workflow-vllm']):.1f} s, "
-          f"bare LLM(...) {statistics.median(result['starts']['bare-vllm']):.1f} s (medians; inside the wall times)")
+    starts = {name: statistics.median(values) for name, values in result["starts"].items()}
+    print(f"  engine start (LLM(...), vLLM imported): the vLLM shard job {starts['workflow-vllm']:.1f} s, bare "
+          f"{starts['bare-vllm']:.1f} s; importing vLLM {starts['bare-import']:.1f} s (medians; inside the wall times)")
 
 
 def bench_pooling(args, work: Path) -> None:
