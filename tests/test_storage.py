@@ -55,7 +55,7 @@ def test_the_table_in_the_bucket_equals_a_shared_filesystem_run_row_for_row(buck
     assert "running on cpu (1 threads)" in log
     assert "batches of at most 1024 padded tokens (batch.max_tokens: auto)" in log
     # the model from the job's downloaded copies of the staged model (model.path names nothing there)
-    assert re.search(r"loaded \S*/results/model/[0-9a-f]{16}/model \(task classify\)", log), log
+    assert re.search(r"loaded \S*/results/model/[0-9a-f]{16}/model \(task classify, engine transformers\)", log), log
     # the terminal names the table where it is
     table = s3.url(bucket_runs.bucket.key("results/predictions.parquet"))
     assert f"shardinfer: {ROWS:,} rows written to {table}" in first.terminal, first.terminal[-3000:]

@@ -53,7 +53,7 @@ class Proven:
     manifest, returning what it wrote (the Parquet writer's parts: no value is read or written again)."""
 
     tables: Iterable[pa.Table]
-    schema: pa.Schema
+    schema: pa.Schema | None  # None: shards known by their records only (parts in a bucket)
     plan: Plan
     digest: str
     model_path: str = ""

@@ -158,7 +158,10 @@ def proven_rows(job: GatherJob, plan: Plan, shards: list[ShardFile]) -> Proven:
     table's identity; the parts layout's placing of the shards' own files."""
     metadata = {IDENTITY_KEY: json.dumps({"plan_id": plan.plan_id, "digest": job.digest, "rows": plan.rows}).encode()}
     # An input without rows: the empty shards' columns, the task's declared ones (`refuse_no_columns`).
-    schema = next((s for s in shards if s.rows), shards[0]).schema.with_metadata(metadata)
+    # Without a shared filesystem, in the parts layout, the shards are known by their records alone
+    # (no schema read): the parts stay where their jobs wrote them (`place_parts`).
+    first = next((s for s in shards if s.rows), shards[0])
+    schema = first.schema.with_metadata(metadata) if first.schema is not None else None
     tables = read_ahead(table for shard in shards
                         for table in verified_row_groups(shard, check_values=not shard.unchanged))
     return Proven(tables, schema, plan, job.digest, job.model.get("path") or "",
