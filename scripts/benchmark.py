@@ -20,7 +20,7 @@ are compared before any number is printed.
 
 This file is the command line; each task's code is in scripts/benchmarks/ (common.py: shapes,
 models, data and timers; classify.py, generate.py, row_errors.py, parallel.py, feed.py,
-batch_file.py, variants.py; child.py runs a variant in a process of its own, through this file's
+batch_file.py, server.py, variants.py; child.py runs a variant in a process of its own, through this file's
 hidden `--child` flags).
 
 `--task row-errors` measures what `row_errors: record` pays to isolate a failing row, on the CPU
@@ -39,6 +39,10 @@ processes in paired rounds (`--repeats`), ratios to bare vLLM, the engine start 
 
 `--task batch-file` (scripts/benchmarks/batch_file.py): an OpenAI batch file through a real `snakemake`
 run of the workflow against `vllm run-batch` on the same lines, greedy, their contents compared.
+
+`--task server` (scripts/benchmarks/server.py): the shard job on `generate.engine: server` against a
+vLLM server the benchmark starts (the in-process engine's arguments as its flags), beside the shard
+job on the in-process vLLM engine, same prompts, every greedy row compared.
 
 `--task generate` runs the shard job on a causal LM (greedy) against one `model.generate` call
 per row (on the first `--naive-rows` rows) and against unsorted fixed batches of 8 (left padding),
@@ -86,10 +90,11 @@ from benchmarks.generate import bench_generate
 from benchmarks.parallel import bench_parallel
 from benchmarks.pooling import bench_pooling
 from benchmarks.row_errors import bench_row_errors
+from benchmarks.server import bench_server
 from shardinfer.engines.vllm.checks import vllm_installed
 
 TASKS = {"classify": bench_classify, "generate": bench_generate, "row-errors": bench_row_errors,
-         "parallel": bench_parallel, "vllm-feed": bench_feed, "batch-file": bench_batch_file,
+         "parallel": bench_parallel, "vllm-feed": bench_feed, "batch-file": bench_batch_file, "server": bench_server,
          "vllm-pooling": bench_pooling}
 
 
@@ -127,6 +132,10 @@ def parse_args() -> argparse.Namespace:
                         help='generate: generate.vllm for the vLLM variants, as JSON (e.g. \'{"max_num_seqs": 128}\')')
     parser.add_argument("--bad-rows", type=int, default=10,
                         help="vllm-feed: prompts holding a token the model cannot embed")
+    parser.add_argument("--concurrency", type=int, default=256, help="server: generate.server.concurrency")
+    parser.add_argument("--server-bind", default="auto",
+                        help="server: the CPU server's engine cores (auto: vLLM's, a core kept for its front end; "
+                             "all: the benchmark's threads' cores; or a VLLM_CPU_OMP_THREADS_BIND value)")
     parser.add_argument("--child", choices=["shard", "bare"], help=argparse.SUPPRESS)
     parser.add_argument("--child-settings", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", help=argparse.SUPPRESS)
@@ -135,7 +144,7 @@ def parse_args() -> argparse.Namespace:
         args.engines = "transformers,vllm" if args.task == "generate" and vllm_installed() else "transformers"
     args.engines = args.engines.split(",")
     args.max_tokens = args.max_tokens or (16384 if args.device == "cpu" else 65536)
-    args.max_rows = args.max_rows or (256 if args.task in ("generate", "parallel") else 1024)
+    args.max_rows = args.max_rows or (256 if args.task in ("generate", "parallel", "server") else 1024)
     return args
 
 

@@ -75,9 +75,10 @@ def test_the_default_engine_is_the_tasks_first():
 def test_an_unknown_engine_is_refused_in_one_line_naming_the_known_ones():
     with pytest.raises(UserError) as refused:
         engine_for("generate", {"engine": "tgi"})
-    assert str(refused.value) == ("generate.engine 'tgi' is not an engine; known: transformers, vllm (task generate "
-                                  "runs on transformers, vllm)")
-    with pytest.raises(UserError, match=r"^config `generate.engine`: 'tgi' is not one of \['transformers', 'vllm'\]$"):
+    assert str(refused.value) == ("generate.engine 'tgi' is not an engine; known: transformers, vllm, server (task "
+                                  "generate runs on transformers, vllm, server)")
+    with pytest.raises(UserError, match=r"^config `generate.engine`: 'tgi' is not one of \['transformers', 'vllm', "
+                                        r"'server'\]$"):
         schema_errors({"input": {"path": "x"}, "model": {"task": "generate"}, "generate": {"engine": "tgi"}}, SCHEMA)
 
 

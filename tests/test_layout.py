@@ -157,3 +157,11 @@ def test_a_shard_job_loads_transformers_without_scikit_learn_and_the_users_code_
             "import sklearn.metrics; print(sklearn.metrics.roc_curve.__name__)")
     result = patience.run([sys.executable, "-c", code], cwd=REPO / "workflow")
     assert result.returncode == 0 and result.stdout.split() == ["False", "False", "roc_curve"], result.stderr[-3000:]
+
+
+def test_no_module_is_long():
+    """Files a reader takes in at once (nanoGPT's measure: about 350 lines); a module that grows past
+    it wants splitting by concern."""
+    long = {str(path.relative_to(PACKAGE)): n for path in PACKAGE.rglob("*.py")
+            if (n := len(path.read_text().splitlines())) > 360}
+    assert long == {}

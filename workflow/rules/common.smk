@@ -76,6 +76,7 @@ from shardinfer.snakefile.layout import Layout, fill
 from shardinfer.snakefile.rule_params import jobs_by_input, tokenizer_key
 from shardinfer.snakefile.stored_model import HANDED_VAR
 from shardinfer.engines import engine_devices
+from shardinfer.nodes.span import engine_nodes
 from shardinfer.tasks import task_class
 from shardinfer.report.terminal import summary_lines
 
@@ -117,8 +118,8 @@ def load_inputs(config):
     """Validate the config (filling defaults) and check it against the file system, once: what the
     jobs of each input take, by name (None for the one `input`: shardinfer.snakefile.rule_params), what
     `shards: auto` resolved to (None: no input uses it), without a shared filesystem the model's
-    files the main process read, and the devices one engine spans (`Engine.devices`). A bad value
-    is refused in one line.
+    files the main process read, the devices one engine spans (`Engine.devices`) and the machines
+    (shardinfer.nodes.span). A bad value is refused in one line.
     """
     try:
         check_input_keys(config)
@@ -127,6 +128,7 @@ def load_inputs(config):
         if STORAGE:
             check_storage_inputs(config)
         devices, setting = engine_devices(config)
+        nodes = engine_nodes(config, devices, STORAGE)
         # Not again in each job, which is given its own resources.
         if workflow.is_main_process:
             gpus = resource_value(workflow.global_resources.get("gpu"))
@@ -147,7 +149,7 @@ def load_inputs(config):
         notes.append(missing_gpus(workflow))
         for note in filter(None, notes):
             logger.warning(note)
-    return inputs, auto, model, devices
+    return inputs, auto, model, devices, nodes
 
 
 def before_any_job():
@@ -209,8 +211,9 @@ def listed_in_bucket(config):
 
 
 # What the jobs of each input take (shardinfer.snakefile.rule_params), by name ({None: ...} for the one `input`),
-# and the GPUs each shard job asks for: the devices one engine spans (generate.vllm's parallel sizes).
-INPUTS, AUTO, MODEL_FILES, ENGINE_DEVICES = load_inputs(config)
+# and the GPUs each shard job asks for: the devices one engine spans (generate.vllm's parallel sizes),
+# on the machines it spans (generate.vllm.nnodes).
+INPUTS, AUTO, MODEL_FILES, ENGINE_DEVICES, ENGINE_NODES = load_inputs(config)
 # Every path of the run, and each rule's inputs and outputs that depend on it (shardinfer.snakefile.layout).
 LAYOUT = Layout.of(INPUTS, STORAGE, STORAGE_PREFIX, tokenizer_key(INPUTS, MODEL_FILES))
 

@@ -23,8 +23,10 @@ rule infer:
     threads: INFER_THREADS
     resources:
         # The devices one engine spans (1, or generate.vllm's tensor x pipeline parallel sizes),
-        # leased together by the job; the Slurm plugin asks `sbatch --gpus=` for them.
-        gpu=ENGINE_DEVICES,
+        # leased together by the job; the Slurm plugin asks `sbatch --gpus=` for them. An engine
+        # over N machines (generate.vllm.nnodes): `nodes=N, gres="gpu:K"` instead, K GPUs on each
+        # (`sbatch --nodes=N --gres=gpu:K`; shardinfer.nodes.span).
+        **ENGINE_NODES.resources(),
     params:
         # Without a shared filesystem in the parts layout: one part per shard (shardinfer.snakefile.layout).
         **LAYOUT.infer_params,

@@ -17,6 +17,7 @@ ROOMS = (
     "input",
     "plan",
     "hf",
+    "nodes",
     "tasks",
     "engines",
     "shard",

@@ -25,6 +25,7 @@ ENGINES: dict[str, str | dict[str, str]] = {
     "transformers": "shardinfer.engines.transformers:Transformers",
     "vllm": {"generate": "shardinfer.engines.vllm.generate:VllmGenerate", "classify": VLLM_POOLING,
              "embed": VLLM_POOLING, "score": VLLM_POOLING, "token-classify": VLLM_POOLING},
+    "server": "shardinfer.engines.server.generate:ServerGenerate",
 }
 
 

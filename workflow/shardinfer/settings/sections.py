@@ -196,10 +196,12 @@ class GenerateSettings(TaskSettings):
     n: int = added("generate", "n")
     logprobs: int | None = added("generate", "logprobs")
     structured: dict | None = added("generate", "structured")
+    server: dict = added("generate", "server")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", tuple(self.stop or ()))
         object.__setattr__(self, "vllm", dict(self.vllm or {}))
+        object.__setattr__(self, "server", dict(self.server or {}))
 
     @classmethod
     def parse(cls, key: str, value: Any) -> Any:

@@ -17,6 +17,7 @@ from shardinfer.engines import engine_of
 from shardinfer.engines.base import Engine
 from shardinfer.hf.batching import batch_budget
 from shardinfer.hf.models import choose_device, choose_dtype
+from shardinfer.nodes.ranks import devices_here
 from shardinfer.settings.config import BatchSettings, Settings
 from shardinfer.shard.devices import Lease, acquire_devices, default_wait_s
 from shardinfer.tasks import task_class
@@ -59,7 +60,8 @@ def lease_devices(settings: Settings) -> Lease:
     `resources: gpu`), leased together, or the scheduler's; none for an engine on no device of the
     job's (a server's)."""
     engine = engine_of(settings)
-    count = engine.devices(settings.task_settings)
+    # With several node ranks (generate.vllm.nnodes), those of the ranks on this host only.
+    count = devices_here(settings.task_settings, engine.devices(settings.task_settings))
     if count == 0:
         return Lease(visible="", source="none")
     return acquire_devices(count, wait_s=default_wait_s(), asked_by=engine.devices_setting or "the GPUs per engine")

@@ -7,6 +7,9 @@ a shard job stops within seconds, not at the end of a window that may take minut
 lets its writer commit the windows already predicted (`shardinfer.shard.resume`), drops the one in
 flight, and exits non-zero with one line saying where a rerun resumes. A second signal while it
 stops is ignored, so the commits finish.
+
+The same stop, for an engine over several machines that lost a node rank (`shardinfer.nodes.launch`
+signals LOST_SIGNAL): the line names the rank and its node instead of a signal.
 """
 
 from __future__ import annotations
@@ -15,12 +18,15 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-STOPPING = (signal.SIGTERM, signal.SIGINT)
+from shardinfer.nodes.launch import LOST_SIGNAL, lost_rank
+
+STOPPING = (signal.SIGTERM, signal.SIGINT, LOST_SIGNAL)
 
 
 class Terminated(BaseException):
-    """SIGTERM or SIGINT arrived (`name`: which). A BaseException, as KeyboardInterrupt is: no
-    `except Exception` (a task's own, row_errors' narrowing) may take it for a failed row."""
+    """SIGTERM or SIGINT arrived, or a node rank was lost (`name`: which). A BaseException, as
+    KeyboardInterrupt is: no `except Exception` (a task's own, row_errors' narrowing) may take it
+    for a failed row."""
 
     def __init__(self, name: str = "SIGTERM") -> None:
         super().__init__(name)
@@ -30,7 +36,7 @@ class Terminated(BaseException):
 def _raise_terminated(signum, frame) -> None:
     for stopping in STOPPING:
         signal.signal(stopping, signal.SIG_IGN)
-    raise Terminated(signal.Signals(signum).name)
+    raise Terminated(lost_rank() if signum == LOST_SIGNAL else signal.Signals(signum).name)
 
 
 @contextmanager

@@ -29,7 +29,9 @@ OWNED_ARGUMENTS = {"model": "model.path", "tokenizer": "model.path", "dtype": "m
                    "seed": "generate.seed (one per row)",
                    "distributed_executor_backend": "the GPUs a shard job leases ('mp': one worker process per GPU)",
                    "structured_outputs_config": "generate.structured (xgrammar, whitespace as it says)",
-                   "logprobs_mode": "generate.logprobs (raw log-probabilities on both engines)"}
+                   "logprobs_mode": "generate.logprobs (raw log-probabilities on both engines)",
+                   **dict.fromkeys(("node_rank", "master_addr", "master_port"),
+                                   "the scheduler's nodes, with generate.vllm.nnodes above 1")}
 # The engine's devices: one engine spans tensor x pipeline parallel size devices (GPUs, or CPU cores
 # with vLLM's CPU build), which the shard job leases together; more engines are more shards.
 PARALLEL_SIZES = ("tensor_parallel_size", "pipeline_parallel_size")

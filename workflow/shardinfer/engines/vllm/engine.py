@@ -16,6 +16,7 @@ from pathlib import Path
 from shardinfer.core.errors import UserError, first_line
 from shardinfer.engines.vllm.checks import INSTALL_HINT, Span, check_lora, vllm_version
 from shardinfer.engines.vllm.parallel import parallel_arguments, place_workers
+from shardinfer.nodes.ranks import node_ranks
 from shardinfer.settings.config import ModelSettings
 from shardinfer.tasks.base import LoadContext
 from shardinfer.tasks.generate.params import lines_carry_parameters
@@ -152,7 +153,10 @@ def start_engine(context: LoadContext, arguments: dict | None = None):
 
     arguments = engine_arguments(context) if arguments is None else arguments
     what = f"{context.settings.model.task}.engine vllm"
-    spans = place_workers(Span.of(context.settings.task_settings), context.device.type, torch.get_num_threads())
+    # An engine over several machines (generate.vllm.nnodes): its other node ranks, started below.
+    ranks = node_ranks(arguments, context.device.type, torch.get_num_threads())
+    spans = ranks.where() if ranks else place_workers(Span.of(context.settings.task_settings), context.device.type,
+                                                      torch.get_num_threads())
     engine_environment()
     try:
         from vllm import LLM
@@ -162,7 +166,7 @@ def start_engine(context: LoadContext, arguments: dict | None = None):
                         f"{INSTALL_HINT}") from None
     started = time.perf_counter()
     try:
-        engine = LLM(**arguments)
+        engine = LLM(**arguments, **(ranks.start(arguments) if ranks else {}))
     except (VLLMError, ValueError, TypeError, RuntimeError, OSError, KeyError, NotImplementedError) as error:
         raise UserError(f"{what}: the engine did not start for model.path "
                         f"`{context.settings.model.path}` ({first_line(error)})") from error

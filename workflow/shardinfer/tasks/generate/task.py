@@ -121,7 +121,7 @@ class Generate(TextTask):
     reporting = Reporting(scored_as="texts", compared={"texts": "generated"},
                           totals={"generated_tokens": "generated tokens/s"})
     outputs = COLUMNS  # at the section's defaults; `output_fields` gives the settings' own
-    engines = ("transformers", "vllm")  # generate.engine (shardinfer.engines)
+    engines = ("transformers", "vllm", "server")  # generate.engine (shardinfer.engines)
 
     def __init__(self, loaded, tokenizer, pad_id: int, context, configured_eos=None, detect=content_format) -> None:
         """`configured_eos`: the generation_config's eos id(s) when there is no loaded model to ask;
