@@ -78,6 +78,7 @@ def test_the_engine_and_its_settings_are_in_the_shard_digest_only_when_chosen(po
     ({"tensor_parallel_size": 2}, "embed.vllm.tensor_parallel_size is 2; vLLM's pooling runner runs the model on one "
                                   "device per shard job here: run more shards instead"),
     ({"data_parallel_size": 2}, "embed.vllm.data_parallel_size is 2; each shard job runs one engine"),
+    ({"nnodes": 2}, "embed.vllm.nnodes is 2; vLLM's pooling runner runs the model on one device per shard job"),
 ])
 def test_arguments_the_workflow_sets_or_cannot_span_are_refused(pooling_models, vllm, says):
     assert says in refusal(task_settings("embed", pooling_models["encoder"], engine="vllm", vllm=vllm))

@@ -46,7 +46,7 @@ def check_pooling_settings(settings) -> None:
     transformers engine runs it, each refused in one line naming the key and the way out."""
     task, model, options = settings.model.task, settings.model, settings.task_settings
     check_vllm_settings(model.path, None, options, task, POOLING_OWNED)
-    for key in PARALLEL_SIZES:
+    for key in (*PARALLEL_SIZES, "nnodes"):  # one device per engine: no engine over GPUs or machines
         value = (options.get("vllm") or {}).get(key)
         if value not in (None, 1):
             raise UserError(f"{task}.vllm.{key} is {value!r}; vLLM's pooling runner runs the model on one device "
