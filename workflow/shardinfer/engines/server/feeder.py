@@ -25,9 +25,8 @@ from typing import Any
 import numpy as np
 
 from shardinfer.core.errors import UserError
-from shardinfer.engines.base import NOT_YET
+from shardinfer.engines.base import NOT_YET, EngineProgress
 from shardinfer.engines.server.requests import Refused, Unanswered
-from shardinfer.engines.vllm.feeder import EngineProgress
 
 AHEAD = 1  # windows in flight behind the oldest one, however few rows they hold
 POLL_S = 0.05  # how often the loop looks for the next window while it could take one
