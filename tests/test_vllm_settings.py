@@ -282,7 +282,7 @@ def test_an_output_unlike_its_request_fails_the_shard(outputs, says):
 
 def test_engine_progress_logs_while_the_engine_works(caplog):
     bar = EngineProgress(interval_s=0.0)
-    with caplog.at_level(logging.INFO, logger="shardinfer.engines.vllm.feeder"):
+    with caplog.at_level(logging.INFO, logger="shardinfer.engines.base"):
         for _ in range(10):
             bar.advance()
     lines = [r.getMessage() for r in caplog.records]
