@@ -105,8 +105,16 @@ class Engine:
 
     def run(self, rows: Any) -> dict[str, Any]:
         """The rows' results, first axis = rows in the order given: tensors (left on the device; the
-        runner copies them back after queuing the next call), arrays, or lists of any values."""
-        raise NotImplementedError
+        runner copies them back after queuing the next call), arrays, or lists of any values. An
+        engine that `feeds` runs them as a window of their own through `feed`, drained before it
+        returns (`rows`: `collate`'s, with its rows' global `index`)."""
+        if not self.feeds:
+            raise NotImplementedError
+        count = len(rows["index"])
+        window = Window(int(rows["index"][0]) if count else 0, np.zeros(count, dtype=np.int64), None)
+        items = iter([((), window, [(np.arange(count), rows)])])
+        (_, results, _), = self.feed(lambda wait: next(items, None), False)
+        return results
 
     def feed(self, take: Callable[[bool], Any], record: bool) -> Iterator[tuple[Any, dict, dict[int, str]]]:
         """For an engine that `feeds`: the shard's windows as one stream. `take(wait)` gives the next

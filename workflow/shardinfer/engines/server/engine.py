@@ -104,10 +104,3 @@ class ServerEngine(Engine):
         """The shard's windows through one loop of requests (`feeder`), kept full across windows."""
         return ServerFeeder(self, record).run(take)
 
-    def run(self, rows: dict) -> dict:
-        """One window's rows alone, all answered before it returns."""
-        count = len(rows["ids"])
-        window = Window(int(rows["index"][0]) if count else 0, np.zeros(count, dtype=np.int64), None)
-        items = iter([((), window, [(np.arange(count), rows)])])
-        (_, results, _), = ServerFeeder(self, record=False).run(lambda wait: next(items, None))
-        return results

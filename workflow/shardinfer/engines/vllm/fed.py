@@ -67,13 +67,6 @@ class FedVllm(Engine):
         """The shard's windows through one engine loop (`feeder`), kept full across windows."""
         return Feeder(self, record).run(take)
 
-    def run(self, rows: dict) -> dict:
-        """One window alone in the engine, drained before it returns (no window fed beside it)."""
-        count = len(rows["ids"])
-        window = Window(int(rows["index"][0]) if count else 0, np.zeros(count, dtype=np.int64), None)
-        items = iter([((), window, [(np.arange(count), rows)])])
-        (_, results, _), = Feeder(self, record=False).run(lambda wait: next(items, None))
-        return results
 
     def restart(self) -> None:
         """A new engine in place of one that died: the old one shut down and released first."""
