@@ -30,7 +30,8 @@ from shardinfer.tasks import TASKS, task_class
 ROWS = 12
 OWN_PROCESS = {"vllm"}  # engines whose pairs run in a process of their own
 # engines whose pairs another module runs, where what they need is up (a server: tests/test_server.py)
-ELSEWHERE = {"server": "tests/test_server.py runs it against the vLLM server it starts"}
+ELSEWHERE = {"server": "tests/test_server.py (generate) and tests/test_vllm_pooling.py (embed) run it against the "
+                       "vLLM servers they start"}
 PAIRS = [(task, engine) for task in TASKS for engine in task_class(task).engines]
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
 CODE_COLUMNS = {"y": "float64", "tag": "string"}  # what task custom's code below declares

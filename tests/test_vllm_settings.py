@@ -16,6 +16,7 @@ import torch
 from factory import settings_for
 from shardinfer.core.errors import UserError
 from shardinfer.engines import check_engine, engine_devices, engine_of
+from shardinfer.engines.base import EngineProgress
 from shardinfer.engines.transformers import Transformers
 from shardinfer.engines.vllm.checks import (
     SPANS_SETTING,
@@ -26,7 +27,6 @@ from shardinfer.engines.vllm.checks import (
     generation_to_vllm,
 )
 from shardinfer.engines.vllm.engine import engine_arguments, kv_bytes_per_token
-from shardinfer.engines.vllm.feeder import EngineProgress
 from shardinfer.engines.vllm.generate import VllmGenerate
 from shardinfer.engines.vllm.matching import engine_refused, rows_results
 from shardinfer.engines.vllm.parallel import cpu_binding, place_workers
@@ -282,7 +282,7 @@ def test_an_output_unlike_its_request_fails_the_shard(outputs, says):
 
 def test_engine_progress_logs_while_the_engine_works(caplog):
     bar = EngineProgress(interval_s=0.0)
-    with caplog.at_level(logging.INFO, logger="shardinfer.engines.vllm.feeder"):
+    with caplog.at_level(logging.INFO, logger="shardinfer.engines.base"):
         for _ in range(10):
             bar.advance()
     lines = [r.getMessage() for r in caplog.records]

@@ -18,6 +18,13 @@ SERVE = ("import sys; from vllm.entrypoints.launchers.api_server.entry import ma
          "sys.argv = ['vllm-serve', *sys.argv[1:]]; main()")
 
 
+# A generating server's: seeded rows on vLLM's CPU build need no prompt cut across steps
+# (engines/vllm/engine.py); at most 2 log-probabilities per token.
+GENERATION = ("--no-enable-chunked-prefill", "--max-logprobs", "2")
+# An embedding server's: vLLM's pooling runner, mean pooling (as embed.pooling's default).
+EMBEDDING = ("--runner", "pooling", "--pooler-config", '{"pooling_type": "MEAN"}')
+
+
 def free_port() -> int:
     """A port nothing listens on now."""
     import socket
@@ -28,20 +35,20 @@ def free_port() -> int:
 
 
 class Server:
-    """vLLM's OpenAI server on `lm` (served as `tiny`, `max_model_len` positions, at most 2
-    log-probabilities per token, key `key`), its output under `root`."""
+    """vLLM's OpenAI server on `lm` (served as `tiny`, `max_model_len` positions, key `key`, with
+    `flags`: GENERATION's or EMBEDDING's), its output under `root`."""
 
-    def __init__(self, lm: Path, root: Path, max_model_len: int, key: str) -> None:
+    def __init__(self, lm: Path, root: Path, max_model_len: int, key: str, flags: tuple[str, ...] = GENERATION
+                 ) -> None:
         self.lm, self.root, self.port = lm, root, free_port()
-        self.max_model_len, self.key = max_model_len, key
+        self.max_model_len, self.key, self.flags = max_model_len, key, flags
         self.url, self.started = f"http://127.0.0.1:{self.port}/v1", None
 
     def arguments(self) -> list[str]:
         return ["--model", str(self.lm), "--served-model-name", "tiny", "--host", "127.0.0.1", "--port",
                 str(self.port), "--dtype", "float32", "--max-model-len", str(self.max_model_len),
                 "--enforce-eager", "--kv-cache-memory-bytes", str(64 << 20), "--max-num-seqs", "64",
-                # seeded rows on vLLM's CPU build: no prompt cut across steps (engines/vllm/engine.py)
-                "--no-enable-chunked-prefill", "--max-logprobs", "2", "--api-key", self.key]
+                *self.flags, "--api-key", self.key]
 
     def start(self) -> None:
         self.started = patience.Started([sys.executable, "-c", SERVE, *self.arguments()], [self.root], merged=True,

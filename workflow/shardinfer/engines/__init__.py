@@ -6,7 +6,8 @@ line here, its name in the tasks' `engines` it serves, and its test.
 
 A name is one class for every task it serves, or, where one library runs tasks of different kinds
 by different means, a class per task: `vllm` is vLLM's generation engine for generate and its
-pooling runner for the encoder tasks (`engine_class(name, task)`).
+pooling runner for the encoder tasks, `server` a server's completions for generate and its
+embeddings for embed (`engine_class(name, task)`).
 
 Engine modules import torch and their engine library inside their methods only: the Snakefile
 reads an engine's devices, checks and identity without them.
@@ -25,7 +26,8 @@ ENGINES: dict[str, str | dict[str, str]] = {
     "transformers": "shardinfer.engines.transformers:Transformers",
     "vllm": {"generate": "shardinfer.engines.vllm.generate:VllmGenerate", "classify": VLLM_POOLING,
              "embed": VLLM_POOLING, "score": VLLM_POOLING, "token-classify": VLLM_POOLING},
-    "server": "shardinfer.engines.server.generate:ServerGenerate",
+    "server": {"generate": "shardinfer.engines.server.generate:ServerGenerate",
+               "embed": "shardinfer.engines.server.embed:ServerEmbed"},
 }
 
 

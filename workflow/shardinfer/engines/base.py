@@ -30,6 +30,8 @@ Engine modules import torch and their engine library inside their methods only.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
@@ -37,6 +39,8 @@ import numpy as np
 
 from shardinfer.settings.config import BatchSettings, Settings
 from shardinfer.tasks.base import LoadContext, Task, Window
+
+log = logging.getLogger(__name__)
 
 NOT_YET = object()  # a window source's answer to `take(wait=False)` when the next window is not ready (`feed`)
 
@@ -101,8 +105,16 @@ class Engine:
 
     def run(self, rows: Any) -> dict[str, Any]:
         """The rows' results, first axis = rows in the order given: tensors (left on the device; the
-        runner copies them back after queuing the next call), arrays, or lists of any values."""
-        raise NotImplementedError
+        runner copies them back after queuing the next call), arrays, or lists of any values. An
+        engine that `feeds` runs them as a window of their own through `feed`, drained before it
+        returns (`rows`: `collate`'s, with its rows' global `index`)."""
+        if not self.feeds:
+            raise NotImplementedError
+        count = len(rows["index"])
+        window = Window(int(rows["index"][0]) if count else 0, np.zeros(count, dtype=np.int64), None)
+        items = iter([((), window, [(np.arange(count), rows)])])
+        (_, results, _), = self.feed(lambda wait: next(items, None), False)
+        return results
 
     def feed(self, take: Callable[[bool], Any], record: bool) -> Iterator[tuple[Any, dict, dict[int, str]]]:
         """For an engine that `feeds`: the shard's windows as one stream. `take(wait)` gives the next
@@ -116,3 +128,19 @@ class Engine:
         """Stats for the shard's summary, called after each window: the task's (its `totals` among
         them), and the engine's own."""
         return self.task.finish()
+
+
+class EngineProgress:
+    """A line in the shard log every `interval_s` while an engine that `feeds` works (each of its rows
+    `advance`s it): the shard's own progress counts rows only once their window is written."""
+
+    def __init__(self, interval_s: float = 30.0) -> None:
+        self.interval_s, self.rows = interval_s, 0
+        self.started = self.logged = time.perf_counter()
+
+    def advance(self) -> None:
+        self.rows += 1
+        now = time.perf_counter()
+        if now - self.logged >= self.interval_s:
+            self.logged = now
+            log.info("engine: %d rows done, %.1f rows/s", self.rows, self.rows / max(now - self.started, 1e-9))

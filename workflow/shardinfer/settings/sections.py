@@ -236,6 +236,11 @@ class EmbedSettings(EncoderSettings):
     section: ClassVar[str] = "embed"
     pooling: str = from_schema("embed", "pooling")
     normalize: bool = from_schema("embed", "normalize")
+    server: dict = added("embed", "server")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "server", dict(self.server or {}))
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Embeddings: token states pooled per row (mean under the mask, the first token or the last real
 one), optionally L2-normalised. Settings: the `embed:` section (pooling, normalize, engine).
 
-Both engines pool as the settings say (vLLM's pooling runner is handed the same pooling type, and
-returns the pooled state unnormalised), and both normalise here (`from_pooled`)."""
+The transformers and vLLM engines pool as the settings say (vLLM's pooling runner is handed the same
+pooling type, and returns the pooled state unnormalised); a server pools as it was started
+(`shardinfer.engines.server.embed`). Every engine normalises here (`from_pooled`)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ class Embed(TextTask):
     one_pass = True
     auto_class = "AutoModel"
     outputs = {"embedding": "list<float32>"}
-    engines = ("transformers", "vllm")
+    engines = ("transformers", "vllm", "server")
 
     def predict(self, batch: dict) -> dict:
         inputs = self.on_device(batch)

@@ -1,38 +1,53 @@
-"""What `generate.engine: server` is refused when the Snakefile loads, before any job: a URL and a
-key it can use, a server that answers and serves the model with room for `max_length +
-max_new_tokens`, and nothing asked that the server's dialect cannot pass (`endpoint.Served`).
-Also what the other engines are refused of `generate.server`. Torch-free.
+"""What `<task>.engine: server` is refused when the Snakefile loads, before any job: a URL and a
+key it can use, a server that answers and serves the model with room for the rows (generate:
+`max_length + max_new_tokens`; embed: `max_length`), and nothing asked that the server's dialect
+cannot pass (`endpoint.Served`). Also what the other engines are refused of `<task>.server`.
+Torch-free.
 """
 
 from __future__ import annotations
 
 from shardinfer.core.errors import UserError
-from shardinfer.engines.server.endpoint import SETTING, Served, ServerOptions, client, probe, served
+from shardinfer.engines.server.endpoint import Served, ServerOptions, client, probe, served
 from shardinfer.settings.schema import defaults
 
 
 def check_server_settings(settings) -> Served:
     """Before any job: the section read, the key's variable set, no image or adapter (the server
     holds the model), the server asked what it serves, and the settings against its answer."""
-    options = ServerOptions.of(settings.task_settings)
+    task, model = settings.model.task, settings.model
+    options = ServerOptions.of(settings.task_settings, task)
     options.headers()
-    model = settings.model
     if settings.input.image_columns:
-        raise UserError(f"input.image_column `{settings.input.image_columns[0]}`: generate.engine server sends "
+        raise UserError(f"input.image_column `{settings.input.image_columns[0]}`: {task}.engine server sends "
                         "prompts as token ids or text, without images; use generate.engine vllm or transformers")
     if model.adapter is not None:
-        raise UserError(f"model.adapter `{model.adapter}`: generate.engine server runs the model the server serves; "
-                        f"serve the adapter there (vLLM: --lora-modules name=path) and name it in {SETTING}.model")
+        raise UserError(f"model.adapter `{model.adapter}`: {task}.engine server runs the model the server serves; "
+                        f"serve the adapter there (vLLM: --lora-modules name=path) and name it in "
+                        f"{options.setting}.model")
+    if task == "embed":
+        check_pooling(settings.task_settings, options)
     found = served(options)
-    needed = model.max_length + model.max_new_tokens
+    needed, what = ((model.max_length, "model.max_length") if task == "embed" else
+                    (model.max_length + model.max_new_tokens, "model.max_length + model.max_new_tokens"))
     if found.max_model_len is not None and found.max_model_len < needed:
-        raise UserError(f"{SETTING}: the server's model {found.model!r} takes {found.max_model_len} tokens "
-                        f"(max_model_len), fewer than model.max_length + model.max_new_tokens = {needed}; start it "
-                        f"with --max-model-len {needed} or more, or lower model.max_length")
-    check_dialect(settings.task_settings, found, options)
-    if settings.task_settings.structured:
-        check_structured(settings.task_settings.structured, found, options)
+        raise UserError(f"{options.setting}: the server's model {found.model!r} takes {found.max_model_len} tokens "
+                        f"(max_model_len), fewer than {what} = {needed}; start it with --max-model-len {needed} or "
+                        "more, or lower model.max_length")
+    if task == "generate":
+        check_dialect(settings.task_settings, found, options)
+        if settings.task_settings.structured:
+            check_structured(settings.task_settings.structured, found, options)
     return found
+
+
+def check_pooling(section, options: ServerOptions) -> None:
+    """The server pools as it was started; a pooling asked of the workflow would not reach it."""
+    default = defaults("embed")["pooling"]
+    if section.pooling != default:
+        raise UserError(f"embed.pooling is {section.pooling!r}, but with embed.engine server the server pools as it "
+                        f"was started (vLLM: --pooler-config '{{\"pooling_type\": \"{section.pooling.upper()}\"}}'); "
+                        f"start it so and leave embed.pooling at {default!r}")
 
 
 def check_structured(spec: dict, found: Served, options: ServerOptions) -> None:
@@ -56,9 +71,9 @@ def check_dialect(section, found: Served, options: ServerOptions) -> None:
 
 
 def check_server_unused(settings) -> None:
-    """generate.server set while another engine runs the task: the rows would not go to that server."""
-    section = settings.task_settings
+    """`<task>.server` set while another engine runs the task: the rows would not go to that server."""
+    task, section = settings.model.task, settings.task_settings
     given = section.get("server") or {}
-    if given and given != defaults("generate")["server"] and section.get("engine") != "server":
-        raise UserError(f"{SETTING} is set, but generate.engine is {section.get('engine')}: set generate.engine: "
-                        f"server to send the rows to {given.get('url') or 'a server'}, or leave {SETTING} out")
+    if given and given != defaults(task)["server"] and section.get("engine") != "server":
+        raise UserError(f"{task}.server is set, but {task}.engine is {section.get('engine')}: set {task}.engine: "
+                        f"server to send the rows to {given.get('url') or 'a server'}, or leave {task}.server out")

@@ -1,8 +1,9 @@
-"""The server as the workflow sees it before any row: `generate.server` read (`ServerOptions`), the
+"""The server as the workflow sees it before any row: `<task>.server` read (`ServerOptions`), the
 key's header, and what the server says of itself (`Served`: its model's `/v1/models` entry,
-`/version`, the `system_fingerprint` of a one-token completion, its dialect), asked once per
-process when the Snakefile loads (the checks and the shard digest) and again when a shard job
-starts. A server that does not answer, refuses the key, or does not serve the model is refused
+`/version`, the `system_fingerprint` of a one-token completion, or for embed a one-token
+embedding, its dialect), asked once per process when the Snakefile loads (the checks and the
+shard digest) and again when a shard job starts. A server that does not answer, refuses the key,
+or does not serve the model is refused
 in one line here, before any job. Torch-free; httpx is imported inside the functions.
 """
 
@@ -21,7 +22,6 @@ from urllib.parse import urlsplit
 from shardinfer.core.errors import UserError, first_line
 from shardinfer.settings.schema import defaults
 
-SETTING = "generate.server"
 PROMPTS = ("tokens", "text")
 # Answers worth another try: a timeout, a lock, a rate limit, a server error (its restart, a full queue).
 RETRIED = frozenset({408, 409, 429, 500, 502, 503, 504})
@@ -30,14 +30,17 @@ ROW_REFUSALS = frozenset({400, 413, 422})
 FIRST_DELAY_S, MOST_DELAY_S, MOST_RETRY_AFTER_S = 0.5, 30.0, 60.0
 # /v1/models entry fields that change with each start of the same server (not its identity).
 VOLATILE = ("created", "permission")
+# The endpoint each task's rows go to.
+ENDPOINTS = {"generate": "/completions", "embed": "/embeddings"}
 
 
 @dataclass(frozen=True)
 class ServerOptions:
-    """`generate.server`, at the schema's defaults where not given. Holds the key's variable's name,
-    never the key."""
+    """`<task>.server` (`generate.server`, `embed.server`), at the schema's defaults where not given.
+    Holds the key's variable's name, never the key."""
 
     url: str
+    task: str = "generate"
     model: str | None = None
     api_key_env: str | None = None
     concurrency: int = 256
@@ -46,18 +49,28 @@ class ServerOptions:
     prompt: str = "tokens"
 
     @classmethod
-    def of(cls, section: Mapping) -> ServerOptions:
-        """From the generate section; a missing or malformed URL refused in one line."""
-        given = {**defaults("generate")["server"], **dict(section.get("server") or {})}
-        url = given.get("url")
+    def of(cls, section: Mapping, task: str = "generate") -> ServerOptions:
+        """From the task's section; a missing or malformed URL refused in one line."""
+        given = {**defaults(task)["server"], **dict(section.get("server") or {})}
+        url, setting = given.get("url"), f"{task}.server"
         parts = urlsplit(url) if isinstance(url, str) else None
         if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
-            raise UserError(f"{SETTING}.url is {url!r}; generate.engine server needs the server's OpenAI base URL, "
+            raise UserError(f"{setting}.url is {url!r}; {task}.engine server needs the server's OpenAI base URL, "
                             "such as http://gpu-node-3:8000/v1")
         if given["prompt"] not in PROMPTS:
-            raise UserError(f"{SETTING}.prompt is {given['prompt']!r}; allowed: {', '.join(PROMPTS)}")
-        return cls(url.rstrip("/"), given.get("model"), given.get("api_key_env"), int(given["concurrency"]),
+            raise UserError(f"{setting}.prompt is {given['prompt']!r}; allowed: {', '.join(PROMPTS)}")
+        return cls(url.rstrip("/"), task, given.get("model"), given.get("api_key_env"), int(given["concurrency"]),
                    float(given["timeout_s"]), int(given["retries"]), given["prompt"])
+
+    @property
+    def setting(self) -> str:
+        """The section's name in messages (`generate.server`)."""
+        return f"{self.task}.server"
+
+    @property
+    def endpoint(self) -> str:
+        """Where the rows go: /completions for generate, /embeddings for embed."""
+        return ENDPOINTS[self.task]
 
     @property
     def root(self) -> str:
@@ -70,8 +83,8 @@ class ServerOptions:
             return {}
         key = os.environ.get(self.api_key_env)
         if not key:
-            raise UserError(f"{SETTING}.api_key_env names {self.api_key_env}, which is not set in this environment; "
-                            "export the API key in it, or set api_key_env: null for a server without one")
+            raise UserError(f"{self.setting}.api_key_env names {self.api_key_env}, which is not set in this "
+                            "environment; export the API key in it, or set api_key_env: null for a server without one")
         return {"Authorization": f"Bearer {key}"}
 
 
@@ -116,8 +129,9 @@ class Served:
     def identity(self, options: ServerOptions) -> dict:
         """For the shard digest: all of it (not the URL or the key: the same model moved to another
         host gives the same rows)."""
-        return {"engine": "server", "dialect": self.dialect, "model": self.entry, "version": self.version,
-                "fingerprint": self.fingerprint, "prompt": options.prompt}
+        identity = {"engine": "server", "dialect": self.dialect, "model": self.entry, "version": self.version,
+                    "fingerprint": self.fingerprint, "prompt": options.prompt}
+        return identity if options.task == "generate" else {**identity, "endpoint": options.endpoint}
 
     @property
     def max_model_len(self) -> int | None:
@@ -147,19 +161,19 @@ def get_json(http, options: ServerOptions, url: str) -> dict | None:
     try:
         response = http.get(url)
     except httpx.HTTPError as error:
-        raise UserError(f"{SETTING}.url {options.url}: no server answers ({type(error).__name__}: "
+        raise UserError(f"{options.setting}.url {options.url}: no server answers ({type(error).__name__}: "
                         f"{first_line(error)}); start it, or fix the URL") from None
     if response.status_code == 404:
         return None
     if response.status_code in (401, 403):
-        raise UserError(f"{SETTING}: the server at {options.url} refused the key ({reply_error(response)}); check "
-                        f"the key in {options.api_key_env or '(none: api_key_env is null)'}")
+        raise UserError(f"{options.setting}: the server at {options.url} refused the key ({reply_error(response)}); "
+                        f"check the key in {options.api_key_env or '(none: api_key_env is null)'}")
     if response.status_code != 200:
-        raise UserError(f"{SETTING}: GET {url} answered {reply_error(response)}")
+        raise UserError(f"{options.setting}: GET {url} answered {reply_error(response)}")
     try:
         return response.json()
     except ValueError:
-        raise UserError(f"{SETTING}: GET {url} answered something other than JSON; is {options.url} an "
+        raise UserError(f"{options.setting}: GET {url} answered something other than JSON; is {options.url} an "
                         "OpenAI-compatible server's base URL (ending in /v1)?") from None
 
 
@@ -171,19 +185,32 @@ def model_entry(listing: dict | None, options: ServerOptions) -> dict:
     if options.model is None:
         if len(entries) != 1:
             listed = ", ".join(names) or "none"
-            raise UserError(f"{SETTING}.model is not set and the server at {options.url} lists {len(names)} models "
+            raise UserError(f"{options.setting}.model is not set and the server at {options.url} lists {len(names)} "
+                            "models "
                             f"({listed}); name one")
         return entries[0]
     if options.model not in names:
-        raise UserError(f"{SETTING}.model {options.model!r} is not served at {options.url}; it serves: "
+        raise UserError(f"{options.setting}.model {options.model!r} is not served at {options.url}; it serves: "
                         f"{', '.join(names) or 'none'}")
     return entries[names.index(options.model)]
 
 
-def probe_body(model: str, dialect: str, prompt: str, extra: dict | None = None) -> dict:
-    """A one-token greedy completion of the prompt as rows send it (a token id, or text)."""
-    body = {"model": model, "prompt": [0] if prompt == "tokens" else "Hello", "max_tokens": 1, "temperature": 0.0}
+def probe_body(model: str, dialect: str, options: ServerOptions, extra: dict | None = None) -> dict:
+    """A one-token greedy completion of the prompt as rows send it (a token id, or text); for embed,
+    the embedding of that one token, as rows ask it (`embedding_body`)."""
+    prompt = [0] if options.prompt == "tokens" else "Hello"
+    if options.task == "embed":
+        return embedding_body(model, prompt, dialect)
+    body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0}
     return {**body, "return_token_ids": True, **(extra or {})} if dialect == "vllm" else body
+
+
+def embedding_body(model: str, prompt, dialect: str) -> dict:
+    """A row's /v1/embeddings body: its token ids (or text), the vector as float32 in base64 (exact,
+    and a third of the JSON), and for a vLLM server the pooled state raw (`use_activation`: false;
+    the task normalises, as on the other engines)."""
+    body = {"model": model, "input": prompt, "encoding_format": "base64"}
+    return {**body, "use_activation": False} if dialect == "vllm" else body
 
 
 def probe(http, options: ServerOptions, model: str, dialect: str, extra: dict | None = None) -> dict:
@@ -191,12 +218,12 @@ def probe(http, options: ServerOptions, model: str, dialect: str, extra: dict | 
     `extra` of them), retried as rows are: the server takes them, and says its fingerprint."""
     import httpx
 
-    body, why = probe_body(model, dialect, options.prompt, extra), ""
+    body, why = probe_body(model, dialect, options, extra), ""
     for attempt in range(options.retries + 1):
         try:
-            response = http.post(f"{options.url}/completions", json=body)
+            response = http.post(f"{options.url}{options.endpoint}", json=body)
         except httpx.HTTPError as error:
-            raise UserError(f"{SETTING}.url {options.url}: no server answers ({type(error).__name__}: "
+            raise UserError(f"{options.setting}.url {options.url}: no server answers ({type(error).__name__}: "
                             f"{first_line(error)}); start it, or fix the URL") from None
         if response.status_code == 200:
             return response.json()
@@ -205,11 +232,14 @@ def probe(http, options: ServerOptions, model: str, dialect: str, extra: dict | 
             break
         time.sleep(delay_s(attempt, response.headers.get("retry-after")))
     if extra:
-        raise UserError(f"{SETTING}: the server at {options.url} refuses {', '.join(extra)} {json.dumps(extra)[:200]} "
+        raise UserError(f"{options.setting}: the server at {options.url} refuses {', '.join(extra)} "
+                        f"{json.dumps(extra)[:200]} "
                         f"({why})")
-    raise UserError(f"{SETTING}: the server at {options.url} refused a one-token completion of model {model!r} with "
-                    f"the prompt as {options.prompt} ({why}); generate.engine server needs its /v1/completions"
-                    + (" to take token ids (set generate.server.prompt: text for a server that takes text only)"
+    what = "embedding" if options.task == "embed" else "completion"
+    raise UserError(f"{options.setting}: the server at {options.url} refused a one-token {what} of model {model!r} "
+                    f"with the prompt as {options.prompt} ({why}); {options.task}.engine server needs its "
+                    f"/v1{options.endpoint}"
+                    + (f" to take token ids (set {options.setting}.prompt: text for a server that takes text only)"
                        if options.prompt == "tokens" else ""))
 
 
@@ -221,8 +251,20 @@ def served(options: ServerOptions) -> Served:
         dialect = "vllm" if entry.get("owned_by") == "vllm" else "openai"
         version = get_json(http, options, f"{options.root}/version") if dialect == "vllm" else None
         answer = probe(http, options, entry["id"], dialect)
-    if dialect == "vllm" and not (answer.get("choices") or [{}])[0].get("token_ids"):
-        raise UserError(f"{SETTING}: the vLLM server at {options.url} returned no token_ids (return_token_ids); "
+    if options.task == "embed":
+        check_embedding_answer(answer, options)
+    elif dialect == "vllm" and not (answer.get("choices") or [{}])[0].get("token_ids"):
+        raise UserError(f"{options.setting}: the vLLM server at {options.url} returned no token_ids "
+                        "(return_token_ids); "
                         "it is older than generate.engine server needs (vLLM 0.10.2 or later)")
     kept = {key: value for key, value in entry.items() if key not in VOLATILE}
     return Served(entry["id"], kept, version, answer.get("system_fingerprint"), dialect)
+
+
+def check_embedding_answer(answer: dict, options: ServerOptions) -> None:
+    """The probe's embedding came back as one vector in base64, as every row's must."""
+    data = answer.get("data") if isinstance(answer, dict) else None
+    if not (isinstance(data, list) and len(data) == 1 and isinstance(data[0].get("embedding"), str)):
+        raise UserError(f"{options.setting}: the server at {options.url} answered a one-token embedding without one "
+                        "base64 vector (encoding_format: base64); embed.engine server needs an OpenAI-compatible "
+                        "/v1/embeddings")

@@ -1,4 +1,4 @@
-"""One loop between the shard's windows and the server (`ServerGenerate.feed`): every row a request,
+"""One loop between the shard's windows and the server (`ServerEngine.feed`): every row a request,
 at most `concurrency` in flight (`requests`), kept full across windows, and windows handed back
 whole and in order, to be written and committed one by one (resume as for the other engines).
 
@@ -22,12 +22,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from shardinfer.core.errors import UserError
-from shardinfer.engines.base import NOT_YET
+from shardinfer.engines.base import NOT_YET, EngineProgress
 from shardinfer.engines.server.requests import Refused, Unanswered
-from shardinfer.engines.vllm.feeder import EngineProgress
 
 AHEAD = 1  # windows in flight behind the oldest one, however few rows they hold
 POLL_S = 0.05  # how often the loop looks for the next window while it could take one
@@ -53,7 +50,7 @@ class ServerFeeder:
     """The loop; `run` yields (key, results of the rows that did not fail, in row order, failed)."""
 
     def __init__(self, engine, record: bool) -> None:
-        self.engine, self.record = engine, record  # the ServerGenerate whose requests it sends
+        self.engine, self.record = engine, record  # the ServerEngine whose requests it sends
         self.progress = EngineProgress()
         self.in_flight: deque[SentWindow] = deque()
 
@@ -113,7 +110,7 @@ class ServerFeeder:
             if refused is not None:
                 self.fail(sent, position, f"RowError: {refused}")
                 continue
-            reply = self.engine.post(batch["ids"][position], batch["params"][position], sent.row(position))
+            reply = self.engine.post(batch, position, sent.row(position))
             reply.add_done_callback(lambda _: self.progress.advance())
             sent.replies[position] = reply
         return sent
@@ -128,23 +125,17 @@ class ServerFeeder:
     def finished(self, sent: SentWindow) -> tuple[Any, dict, dict[int, str]]:
         """A window's results (the rows that did not fail, in row order) and its failed rows. A
         request without an answer (`Unanswered`) fails the shard here."""
-        replies = self.engine.replies
-        ok, completions = [], []
+        ok, answers = [], []
         for position, reply in sorted(sent.replies.items()):
             try:
                 answer = reply.result()
             except Refused as refused:
                 self.fail(sent, position, f"ServerError: {refused}")
                 continue
-            why = replies.refused(answer)
+            why = self.engine.refused(answer)
             if why:
                 self.fail(sent, position, f"ServerError: {why}")
                 continue
-            params = sent.batch["params"][position]
-            sent_ids = self.engine.sent_ids(sent.batch["ids"][position])
-            completions.append(replies.completions(answer, sent_ids, params, sent.row(position)))
+            answers.append(answer)
             ok.append(position)
-        ids, params = sent.batch["ids"], sent.batch["params"]
-        results = {"n_prompt_tokens": np.fromiter((len(ids[p]) for p in ok), dtype=np.int32, count=len(ok)),
-                   "completions": completions, "params": [params[p] for p in ok]}
-        return sent.key, results, dict(sorted(sent.failed.items()))
+        return sent.key, self.engine.results(answers, sent.batch, ok), dict(sorted(sent.failed.items()))

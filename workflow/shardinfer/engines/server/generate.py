@@ -6,58 +6,24 @@ shard's windows (`feeder`), at most `concurrency` at once (`requests`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
-
 import numpy as np
 
-from shardinfer.engines.base import Engine
-from shardinfer.engines.server.checks import check_server_settings, check_server_unused
-from shardinfer.engines.server.endpoint import Served, ServerOptions, served
-from shardinfer.engines.server.feeder import ServerFeeder
+from shardinfer.engines.server.checks import check_server_settings
+from shardinfer.engines.server.endpoint import Served, ServerOptions
+from shardinfer.engines.server.engine import ServerEngine
 from shardinfer.engines.server.replies import Replies, request_body
 from shardinfer.tasks.base import LoadContext, Window
-from shardinfer.tasks.generate.params import PromptRows, RowParams
+from shardinfer.tasks.generate.params import PromptRows
 from shardinfer.tasks.generate.task import Generate
 
 
-class ServerGenerate(Engine):
-    """Rows as requests to a server that runs the model (vLLM, SGLang, TGI, llama.cpp, a hosted API):
-    the shard job holds no device; the server batches the rows in flight continuously."""
-
-    name = "server"
-    options_key = "server"
-    own_batches = True
-    feeds = True
+class ServerGenerate(ServerEngine):
+    """Completions from a server that runs the model (vLLM, SGLang, TGI, llama.cpp, a hosted API)."""
 
     def __init__(self, task: Generate, options: ServerOptions, found: Served, sampling_defaults: dict) -> None:
-        super().__init__(task)
-        from shardinfer.engines.server.requests import Requests
-
-        self.options, self.served, self.sampling_defaults = options, found, sampling_defaults
+        super().__init__(task, options, found)
+        self.sampling_defaults = sampling_defaults
         self.replies = Replies(found.dialect, task.eos_ids, task.tokenizer)
-        self.requests = Requests(options)
-
-    @classmethod
-    def check_settings(cls, settings) -> None:
-        """A server that answers, serves the model and can take what the settings ask."""
-        check_server_settings(settings)
-
-    @classmethod
-    def check_unused(cls, settings) -> None:
-        check_server_unused(settings)
-
-    @classmethod
-    def devices(cls, section) -> int:
-        """None of the job's: the server holds the model."""
-        return 0
-
-    @classmethod
-    def identity(cls, settings) -> dict:
-        """What the server says of itself (model, version, fingerprint): another model behind the same
-        URL gives other rows, so it reruns the shards."""
-        options = ServerOptions.of(settings.task_settings)
-        return served(options).identity(options)
 
     @classmethod
     def load(cls, task_class: type[Generate], context: LoadContext) -> ServerGenerate:
@@ -76,19 +42,6 @@ class ServerGenerate(Engine):
             defaults["min_tokens"] = min(int(defaults["min_tokens"]), task.max_new_tokens)
         return cls(task, ServerOptions.of(settings.task_settings), found, defaults)
 
-    def finish(self) -> dict:
-        """Beside the task's (generated_tokens): the server's model and build, and the requests sent."""
-        build = self.served.fingerprint or "no fingerprint"
-        return {**super().finish(), "engine": f"server {self.served.model} ({build})",
-                "requests": self.requests.sent, "request_retries": self.requests.retried}
-
-    def batches(self, window: Window, batch) -> list[np.ndarray]:
-        """The whole window at once: the server schedules its rows continuously."""
-        return [np.arange(window.rows)]
-
-    def padded_tokens(self, window: Window, batches: list[np.ndarray]) -> int:
-        return int(window.real.sum())
-
     def collate(self, window: Window, positions: np.ndarray) -> dict:
         """The rows' prompt ids (an empty prompt as the pad token alone, as the other engines run it),
         global indices, parameters and the refused rows' reasons (by position)."""
@@ -99,34 +52,18 @@ class ServerGenerate(Engine):
                 "params": [rows.params[p] for p in positions],
                 "refused": {k: rows.refused[p] for k, p in enumerate(positions) if p in rows.refused}}
 
-    def prompt(self, ids: list[int]):
-        """The prompt as sent: its token ids, or their text (`generate.server.prompt: text`)."""
-        ids = list(map(int, ids))
-        if self.options.prompt == "tokens":
-            return ids
-        bos = self.task.tokenizer.bos_token_id
-        if self.served.dialect != "vllm" and bos is not None and ids[:1] == [bos]:
-            ids = ids[1:]  # the server adds its own (vLLM's dialect is told not to: add_special_tokens false)
-        return self.task.tokenizer.decode(ids, skip_special_tokens=False)
+    def body(self, batch: dict, position: int, row: int) -> dict:
+        """A row's /v1/completions body (`replies.request_body`)."""
+        return request_body(self.served.model, self.prompt(batch["ids"][position]), batch["params"][position], row,
+                            self.served.dialect, self.task.eos_ids, self.sampling_defaults)
 
-    def sent_ids(self, ids: list[int]) -> list[int] | None:
-        """The prompt ids the server must say it ran: those sent, when sent as ids."""
-        return list(map(int, ids)) if self.options.prompt == "tokens" else None
+    def refused(self, answer: dict) -> str | None:
+        return self.replies.refused(answer)
 
-    def post(self, ids: list[int], params: RowParams, index: int):
-        """A row's request, sent: its reply's future."""
-        body = request_body(self.served.model, self.prompt(ids), params, index, self.served.dialect,
-                            self.task.eos_ids, self.sampling_defaults)
-        return self.requests.post("/completions", body, index)
-
-    def feed(self, take: Callable[[bool], Any], record: bool) -> Iterator[tuple[Any, dict, dict[int, str]]]:
-        """The shard's windows through one loop of requests (`feeder`), kept full across windows."""
-        return ServerFeeder(self, record).run(take)
-
-    def run(self, rows: dict) -> dict:
-        """One window's rows alone, all answered before it returns."""
-        count = len(rows["ids"])
-        window = Window(int(rows["index"][0]) if count else 0, np.zeros(count, dtype=np.int64), None)
-        items = iter([((), window, [(np.arange(count), rows)])])
-        (_, results, _), = ServerFeeder(self, record=False).run(lambda wait: next(items, None))
-        return results
+    def results(self, answers: list[dict], batch: dict, positions: list[int]) -> dict:
+        """Each answer as its row's completions, checked (`replies.completions`)."""
+        ids, params, index = batch["ids"], batch["params"], batch["index"]
+        completions = [self.replies.completions(answer, self.sent_ids(ids[p]), params[p], int(index[p]))
+                       for answer, p in zip(answers, positions)]
+        return {"n_prompt_tokens": np.fromiter((len(ids[p]) for p in positions), dtype=np.int32, count=len(positions)),
+                "completions": completions, "params": [params[p] for p in positions]}

@@ -22,7 +22,6 @@ from shardinfer.core.errors import UserError, first_line
 from shardinfer.engines.server.endpoint import (
     RETRIED,
     ROW_REFUSALS,
-    SETTING,
     ServerOptions,
     delay_s,
     quiet_httpx,
@@ -68,7 +67,7 @@ class Requests:
     async def send(self, path: str, body: dict, row: int) -> dict:
         import httpx
 
-        url, why = f"{self.options.url}{path}", ""
+        url, why, setting = f"{self.options.url}{path}", "", self.options.setting
         async with self.slots:
             for attempt in range(self.options.retries + 1):
                 if attempt:
@@ -85,14 +84,14 @@ class Requests:
                     if response.status_code in ROW_REFUSALS:
                         raise Refused(f"the server refused it ({why})")
                     if response.status_code not in RETRIED:
-                        raise Unanswered(f"{SETTING}: the server at {self.options.url} answered row {row} with {why}; "
+                        raise Unanswered(f"{setting}: the server at {self.options.url} answered row {row} with {why}; "
                                          "the shard's table was not written, its committed windows are kept")
                 if attempt < self.options.retries:
                     if not self.retried:
                         log.warning("the server at %s did not answer row %d (%s); retrying with back-off, up to %d "
                                     "times per request", self.options.url, row, why, self.options.retries)
                     await asyncio.sleep(delay_s(attempt, retry_after))
-        raise Unanswered(f"{SETTING}: no answer from {self.options.url} for row {row} after {self.options.retries} "
+        raise Unanswered(f"{setting}: no answer from {self.options.url} for row {row} after {self.options.retries} "
                          f"retries ({why}); the shard's table was not written, its committed windows are kept: "
                          "rerun once the server answers, and it resumes there")
 

@@ -43,7 +43,8 @@ and how a structured row is judged. What the engine gets:
   process per device from this process; the workers run the job's script again without its body
   (its `__main__` guard), so the shard runs once.
 
-Its modules: `generate` (the engine: `VllmGenerate`, serving task generate), `checks` (what is
+Its modules: `fed` (what both engines share: `FedVllm`, one LLM fed every window, restarted in
+place), `generate` (the engine: `VllmGenerate`, serving task generate), `checks` (what is
 refused before any job runs, the devices an engine spans, and the engine's identity in the shard
 digest), `engine` (the engine's arguments and start), `parallel` (the devices it spans: its
 workers' GPUs or CPU cores), `feeder` (the loop between the windows and the engine) and `matching`

@@ -29,14 +29,13 @@ pooling requests.
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from shardinfer.core.errors import UserError, first_line
-from shardinfer.engines.base import NOT_YET
+from shardinfer.engines.base import NOT_YET, EngineProgress
 
 log = logging.getLogger(__name__)
 
@@ -59,22 +58,6 @@ class FedWindow:
 
     def row(self, position: int) -> int:
         return int(self.batch["index"][position])
-
-
-class EngineProgress:
-    """A line in the shard log every `interval_s` while the engine works: the shard's own progress
-    counts rows only once their window is written."""
-
-    def __init__(self, interval_s: float = 30.0) -> None:
-        self.interval_s, self.rows = interval_s, 0
-        self.started = self.logged = time.perf_counter()
-
-    def advance(self) -> None:
-        self.rows += 1
-        now = time.perf_counter()
-        if now - self.logged >= self.interval_s:
-            self.logged = now
-            log.info("engine: %d rows done, %.1f rows/s", self.rows, self.rows / max(now - self.started, 1e-9))
 
 
 def describe(error: BaseException) -> str:

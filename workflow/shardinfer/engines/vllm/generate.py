@@ -8,25 +8,20 @@ row (`shardinfer.engines.vllm.feeder`), one seed per row, every output checked a
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from shardinfer.core.errors import UserError, first_line
-from shardinfer.engines.base import Engine
 from shardinfer.engines.vllm.checks import (
     SPANS_SETTING,
     Span,
     check_generation_settings,
     check_one_device,
-    engine_identity,
     generation_config_of,
     generation_to_vllm,
-    vllm_version,
 )
-from shardinfer.engines.vllm.engine import lora_request, start_engine, stop_engine
-from shardinfer.engines.vllm.feeder import Feeder
+from shardinfer.engines.vllm.fed import FedVllm
 from shardinfer.engines.vllm.matching import engine_refused, rows_results
 from shardinfer.tasks.base import LoadContext, Window
 from shardinfer.tasks.generate.chat_content import vllm_content_format
@@ -36,26 +31,19 @@ from shardinfer.tasks.generate.task import Generate
 log = logging.getLogger(__name__)
 
 
-class VllmGenerate(Engine):
+class VllmGenerate(FedVllm):
     """vLLM's offline engine in the shard job (`generate.vllm`: its `LLM` arguments): continuous
     batching, a paged KV cache and prefix caching, fed every window's prompts by one loop that keeps
     it full across windows; it may span several GPUs (tensor x pipeline parallel)."""
 
-    name = "vllm"
-    options_key = "vllm"
-    own_batches = True
     devices_setting = SPANS_SETTING
-    feeds = True
 
     def __init__(self, llm, task: Generate, context: LoadContext, generation_config: dict, start_s: float = 0.0
                  ) -> None:
-        super().__init__(task)
-        self.llm, self.start_s, self.context = llm, start_s, context
-        self.restarts = 0
+        super().__init__(llm, task, context, start_s)
         self.sampling_defaults = generation_to_vllm(generation_config, context.settings.model.path)
         if "min_tokens" in self.sampling_defaults:  # model.generate's min_new_tokens never outlasts max_new_tokens
             self.sampling_defaults["min_tokens"] = min(int(self.sampling_defaults["min_tokens"]), task.max_new_tokens)
-        self.lora = lora_request(context.settings.model.adapter)
         check_structured(task.options.structured)
 
     @classmethod
@@ -74,11 +62,6 @@ class VllmGenerate(Engine):
         return Span.of(section).workers
 
     @classmethod
-    def identity(cls, settings) -> dict:
-        """The engine's build and version: another version may give other text."""
-        return engine_identity(settings.task_settings)
-
-    @classmethod
     def load(cls, task_class: type[Generate], context: LoadContext) -> VllmGenerate:
         """The task without a transformers model (its tokenizer makes the prompts), and vLLM's engine."""
         from shardinfer.hf.models import check_weight_files, load_tokenizer
@@ -92,22 +75,8 @@ class VllmGenerate(Engine):
         # vLLM's own detection of a chat template's content format: what `LLM.chat` would pass.
         task = task_class(None, tokenizer, tokenizer.pad_token_id or 0, context, config.get("eos_token_id"),
                           detect=vllm_content_format)
-        llm, seconds = start_engine(context)
+        llm, seconds = cls.start(context)
         return cls(llm, task, context, config, seconds)
-
-    def finish(self) -> dict:
-        """Beside the task's (generated_tokens): the engine's start-up and the build this job ran (the
-        digest has the one where Snakemake loaded the workflow)."""
-        return {**super().finish(), "engine_start_s": round(self.start_s, 3), "engine": vllm_version(),
-                "engine_restarts": self.restarts}
-
-    def batches(self, window: Window, batch) -> list[np.ndarray]:
-        """The whole window in one call: the engine schedules its rows continuously."""
-        return [np.arange(window.rows)]
-
-    def padded_tokens(self, window: Window, batches: list[np.ndarray]) -> int:
-        """None: the KV cache is paged, each row holds its own tokens only."""
-        return int(window.real.sum())
 
     def collate(self, window: Window, positions: np.ndarray) -> dict:
         """The rows' prompt ids (an empty prompt as the pad token alone, as the transformers engine
@@ -162,26 +131,6 @@ class VllmGenerate(Engine):
 
         return ({"prompt_token_ids": [self.task.pad_id]},
                 SamplingParams(max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.FINAL_ONLY))
-
-    def feed(self, take: Callable[[bool], Any], record: bool) -> Iterator[tuple[Any, dict, dict[int, str]]]:
-        """The shard's windows through one engine loop (`feeder`), kept full across windows."""
-        return Feeder(self, record).run(take)
-
-    def run(self, rows: dict) -> dict:
-        """One window alone in the engine, drained before it returns (no window fed beside it)."""
-        count = len(rows["ids"])
-        window = Window(int(rows["index"][0]) if count else 0, np.zeros(count, dtype=np.int64), None)
-        items = iter([((), window, [(np.arange(count), rows)])])
-        (_, results, _), = Feeder(self, record=False).run(lambda wait: next(items, None))
-        return results
-
-    def restart(self) -> None:
-        """A new engine in place of one that died: the old one shut down and released first."""
-        old, self.llm = self.llm, None
-        stop_engine(old)
-        self.llm, seconds = start_engine(self.context)
-        self.start_s += seconds
-        self.restarts += 1
 
 
 def engine_prompt(ids: list[int], images) -> dict:

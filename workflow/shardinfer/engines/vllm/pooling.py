@@ -26,17 +26,14 @@ One device per engine (no tensor parallel here: an encoder fits one device; run 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from shardinfer.core.errors import UserError
 from shardinfer.core.model_folder import model_config, vocab_size
-from shardinfer.engines.base import Engine
-from shardinfer.engines.vllm.checks import engine_identity, vllm_version
-from shardinfer.engines.vllm.engine import base_arguments, cpu_defaults, lora_request, start_engine, stop_engine
-from shardinfer.engines.vllm.feeder import Feeder
+from shardinfer.engines.vllm.engine import base_arguments, cpu_defaults
+from shardinfer.engines.vllm.fed import FedVllm
 from shardinfer.engines.vllm.pooling_checks import POOLING_TYPES, check_pooling_settings, long_max_length
 from shardinfer.hf.tokens import outside_vocabulary
 from shardinfer.tasks.base import LoadContext, Task, Window
@@ -45,20 +42,13 @@ from shardinfer.tasks.base import LoadContext, Task, Window
 POOLING_TASKS = {"embed": "embed", "classify": "classify", "score": "classify", "token-classify": "token_classify"}
 
 
-class VllmPooling(Engine):
+class VllmPooling(FedVllm):
     """vLLM's pooling runner in the shard job (`LLM(runner="pooling")`; `<task>.vllm`: its `LLM`
     arguments), fed every window's token ids by one loop that keeps it full across windows, one
     request per row; raw pooled outputs, which the task normalises as on the transformers engine."""
 
-    name = "vllm"
-    options_key = "vllm"
-    own_batches = True
-    feeds = True
-
     def __init__(self, llm, task: Task, context: LoadContext, start_s: float = 0.0) -> None:
-        super().__init__(task)
-        self.llm, self.context, self.start_s, self.restarts = llm, context, start_s, 0
-        self.lora = lora_request(context.settings.model.adapter)
+        super().__init__(llm, task, context, start_s)
         self.pooling_task = POOLING_TASKS[task.name]
         self.vocab_size = vocab_size(context.settings.model.path)
 
@@ -68,9 +58,9 @@ class VllmPooling(Engine):
         check_pooling_settings(settings)
 
     @classmethod
-    def identity(cls, settings) -> dict:
-        """The engine's build and version: another version may give other values."""
-        return engine_identity(settings.task_settings)
+    def arguments(cls, context: LoadContext) -> dict:
+        """The pooling runner's `LLM(...)` arguments (`pooling_arguments`)."""
+        return pooling_arguments(context)
 
     @classmethod
     def load(cls, task_class: type[Task], context: LoadContext) -> VllmPooling:
@@ -85,21 +75,8 @@ class VllmPooling(Engine):
         task = task_class(None, tokenizer, pad_id_of(tokenizer, model_config(model.path).get("pad_token_id")), context)
         if long_max_length(model.path, model.max_length):  # the positions hold it (checked when the Snakefile loaded)
             os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
-        llm, seconds = start_engine(context, pooling_arguments(context))
+        llm, seconds = cls.start(context)
         return cls(llm, task, context, seconds)
-
-    def finish(self) -> dict:
-        """Beside the task's: the engine's start-up and the build this job ran."""
-        return {**super().finish(), "engine_start_s": round(self.start_s, 3), "engine": vllm_version(),
-                "engine_restarts": self.restarts}
-
-    def batches(self, window: Window, batch) -> list[np.ndarray]:
-        """The whole window in one call: the engine schedules its rows itself."""
-        return [np.arange(window.rows)]
-
-    def padded_tokens(self, window: Window, batches: list[np.ndarray]) -> int:
-        """None: each row runs as its own tokens only."""
-        return int(window.real.sum())
 
     def collate(self, window: Window, positions: np.ndarray) -> dict:
         """The rows' token ids (an empty row as the pad token alone, as the transformers engine runs
@@ -155,25 +132,6 @@ class VllmPooling(Engine):
             return {}
         return {name: value.numpy() for name, value in self.task.from_pooled(torch.stack(pooled)).items()}
 
-    def feed(self, take: Callable[[bool], Any], record: bool) -> Iterator[tuple[Any, dict, dict[int, str]]]:
-        """The shard's windows through one engine loop (`feeder`), kept full across windows."""
-        return Feeder(self, record).run(take)
-
-    def run(self, rows: dict) -> dict:
-        """One window alone in the engine, drained before it returns (no window fed beside it)."""
-        count = len(rows["ids"])
-        window = Window(int(rows["index"][0]) if count else 0, np.zeros(count, dtype=np.int64), None)
-        items = iter([((), window, [(np.arange(count), rows)])])
-        (_, results, _), = Feeder(self, record=False).run(lambda wait: next(items, None))
-        return results
-
-    def restart(self) -> None:
-        """A new engine in place of one that died: the old one shut down and released first."""
-        old, self.llm = self.llm, None
-        stop_engine(old)
-        self.llm, seconds = start_engine(self.context, pooling_arguments(self.context))
-        self.start_s += seconds
-        self.restarts += 1
 
 
 def second_segment(types) -> int | None:
