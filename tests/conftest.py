@@ -116,6 +116,12 @@ def causal_lm(tmp_path_factory) -> Callable[[int], Path]:
 
 
 @pytest.fixture(scope="session")
+def seq2seq_lm(tmp_path_factory) -> Path:
+    """tiny_models.build_tiny_seq2seq's T5, built once per test run."""
+    return made_once(tmp_path_factory, "seq2seq-lm", tiny_models.build_tiny_seq2seq) / "tiny-t5"
+
+
+@pytest.fixture(scope="session")
 def parts_lm(tmp_path_factory) -> Path:
     """The tiny byte-level Llama whose chat template loops over content parts (SmolVLM's shape,
     tiny_models.PARTS_CHAT_TEMPLATE), built once per test run."""

@@ -65,7 +65,7 @@ def tagger(root: Path) -> Path:
 def task_config(task: str, root: Path, models, causal_lm, pooling: dict | None = None) -> dict:
     """A tiny run of `task` over ROWS rows, in `root` (the input written there); `pooling`: the
     encoders with heads vLLM's CPU build runs (tiny_models.build_tiny_pooling_models), for its pairs."""
-    from tiny_models import build_tiny_cross_encoder
+    from tiny_models import build_tiny_cross_encoder, build_tiny_seq2seq
 
     frame = input_frame(ROWS)
     data = root / "data.parquet"
@@ -89,6 +89,10 @@ def task_config(task: str, root: Path, models, causal_lm, pooling: dict | None =
     if task == "generate":
         config = workflow_config(data, causal_lm(), task, generate={"logprobs": 2})
         config["model"].update(max_length=24, max_new_tokens=4)
+        return config
+    if task == "seq2seq":
+        config = workflow_config(data, build_tiny_seq2seq(root), task, seq2seq={"num_beams": 2})
+        config["model"].update(max_new_tokens=4)
         return config
     return workflow_config(data, paths[task], task)
 

@@ -39,7 +39,7 @@ from shardinfer.shard.runtime import ShardJob
 from shardinfer.snakefile.configure import settings_from_config
 from shardinfer.tasks import TASKS, task_class
 from shardinfer.tasks.traits import PlanCost, Reporting
-from tiny_models import build_tiny_cross_encoder, build_tiny_tagger
+from tiny_models import build_tiny_cross_encoder, build_tiny_seq2seq, build_tiny_tagger
 
 SCHEMA = str(REPO / "workflow" / "schemas" / "config.schema.yaml")
 ROWS, SHARDS = 14, 2
@@ -92,6 +92,7 @@ SETUPS = {
     "generate": lambda root, models, causal_lm: (causal_lm(), {"model": {"max_new_tokens": 3}}),
     "score": lambda root, models, causal_lm: (build_tiny_cross_encoder(root), {"score": {"pair_column": "passage"}}),
     "token-classify": lambda root, models, causal_lm: (build_tiny_tagger(root), {}),
+    "seq2seq": lambda root, models, causal_lm: (build_tiny_seq2seq(root), {"model": {"max_new_tokens": 3}}),
     "custom": lambda root, models, causal_lm: (None, {"model": {"entrypoint": f"{hook(root)}:build"},
                                                       "input": {"columns": ["text"]}}),
 }

@@ -305,3 +305,36 @@ def build_lora_on_plain_base(root: Path) -> tuple[Path, Path, Path]:
     return base, adapter, edited
 
 
+
+
+SEQ2SEQ_SPECIALS = ["<pad>", "</s>", "<unk>"]  # T5's ids: pad 0 (also the decoder's start), eos 1
+
+
+def build_tiny_seq2seq(root: Path) -> Path:
+    """A tiny T5 (hidden 32, two layers each side) over WORDS for task seq2seq, with a word-level
+    tokenizer that ends every text with </s> as T5's does. Its weights are drawn with a large spread
+    (normal(0, 0.5)) so greedy and beam choices are far from ties, its head untied, its pad and unk
+    rows zero (rarely chosen: texts of words), and its eos row 1.1 times the row of "bird": some rows
+    end on eos, most after a few words, others run to max_new_tokens."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast, T5Config, T5ForConditionalGeneration
+
+    path = root / "tiny-t5"
+    vocab = {token: i for i, token in enumerate([*SEQ2SEQ_SPECIALS, *WORDS])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
+                            model_max_length=MAX_POSITIONS, model_input_names=["input_ids", "attention_mask"]
+                            ).save_pretrained(path)
+    config = T5Config(vocab_size=len(vocab), d_model=32, d_kv=16, d_ff=37, num_layers=2, num_heads=2,
+                      relative_attention_num_buckets=8, dropout_rate=0.0, tie_word_embeddings=False,
+                      pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+    torch.manual_seed(17)
+    model = spread_weights(T5ForConditionalGeneration(config))
+    with torch.no_grad():
+        model.lm_head.weight[1] = 1.1 * model.lm_head.weight[vocab["bird"]]
+        model.lm_head.weight[[0, 2]] = 0.0
+    model.save_pretrained(path)
+    return path

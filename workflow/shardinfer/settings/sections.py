@@ -250,10 +250,19 @@ class ScoreSettings(EncoderSettings):
     sigmoid: bool = from_schema("score", "sigmoid")
 
 
+@dataclass(frozen=True)
+class Seq2SeqSettings(TaskSettings):
+    """`seq2seq:`, a section born after the digests were pinned: its keys are `from_schema`, as no
+    earlier digest holds it (a key added to it later is `added`)."""
+
+    section: ClassVar[str] = "seq2seq"
+    num_beams: int = from_schema("seq2seq", "num_beams")
+
+
 # The sections by task: a task with a section of its own adds its class here (and the section to the schema).
 SECTIONS: dict[str, type[TaskSettings]] = {"generate": GenerateSettings, "classify": ClassifySettings,
                                            "embed": EmbedSettings, "score": ScoreSettings,
-                                           "token-classify": TokenClassifySettings}
+                                           "token-classify": TokenClassifySettings, "seq2seq": Seq2SeqSettings}
 
 
 def section_settings(task: str, section: Mapping | TaskSettings | None) -> TaskSettings:

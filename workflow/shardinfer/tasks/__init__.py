@@ -16,6 +16,7 @@ TASKS: dict[str, str] = {
     "generate": "shardinfer.tasks.generate.task:Generate",
     "score": "shardinfer.tasks.score:Score",
     "token-classify": "shardinfer.tasks.token_classify:TokenClassify",
+    "seq2seq": "shardinfer.tasks.seq2seq:Seq2Seq",
     "custom": "shardinfer.tasks.custom:Custom",
 }
 

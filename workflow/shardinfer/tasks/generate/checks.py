@@ -1,7 +1,8 @@
 """What task generate refuses, on either engine: a model folder without a generation head (by its
 config's class names when settings are checked, by the loaded model at load), a prompt and
-max_new_tokens beyond the model's positions, and `generate:` keys that do not go together. The
-task (`shardinfer.tasks.generate.task`) calls them; the messages name the keys and what is allowed."""
+max_new_tokens beyond the model's positions (and none given: task seq2seq requires it the same way),
+and `generate:` keys that do not go together. The task (`shardinfer.tasks.generate.task`) calls them;
+the messages name the keys and what is allowed."""
 
 from __future__ import annotations
 
@@ -23,6 +24,14 @@ def names_a_generator(architectures: list[str], known: Collection[str] = ()) -> 
     such class names (when the config is checked, without transformers), or by name in `known`
     (at load: transformers' causal LM classes). A config that names none is not refused here."""
     return not architectures or any(name in known or name.endswith(CAUSAL_SUFFIXES) for name in architectures)
+
+
+def check_max_new_tokens(model: ModelSettings) -> None:
+    """model.max_new_tokens given, for a task that generates (generate, seq2seq): the schema's default
+    is null, as the other tasks have no use for it."""
+    if model.max_new_tokens is None or model.max_new_tokens < 1:
+        raise UserError(f"model.max_new_tokens must be an integer >= 1 for task {model.task} (tokens to generate at "
+                        f"most per row); got {model.max_new_tokens!r}")
 
 
 def check_positions(model: ModelSettings) -> None:

@@ -45,7 +45,13 @@ from shardinfer.settings.config import BatchSettings, ModelSettings, Settings
 from shardinfer.settings.schema import defaults
 from shardinfer.tasks.base import TaskInputs, Window, tokenize_ahead_refused
 from shardinfer.tasks.generate.chat_content import content_format, template_text
-from shardinfer.tasks.generate.checks import check_generate_section, check_positions, names_a_generator, not_a_generator
+from shardinfer.tasks.generate.checks import (
+    check_generate_section,
+    check_max_new_tokens,
+    check_positions,
+    names_a_generator,
+    not_a_generator,
+)
 from shardinfer.tasks.generate.columns import COLUMNS, Columns, output_fields
 from shardinfer.tasks.generate.params import (
     PromptRows,
@@ -192,9 +198,7 @@ class Generate(TextTask):
         """A model folder with a generation head, a token count to generate, and room for both."""
         super().check_settings(settings)
         model = settings.model
-        if model.max_new_tokens is None or model.max_new_tokens < 1:
-            raise UserError(f"model.max_new_tokens must be an integer >= 1 for task generate (tokens to generate at "
-                            f"most per row); got {model.max_new_tokens!r}")
+        check_max_new_tokens(model)
         if settings.tokenize_ahead:
             raise tokenize_ahead_refused(cls.name, "tokenizes its prompts in the shard job (set tokenize.ahead: false)")
         named = architectures(model.path)
