@@ -168,7 +168,7 @@ def test_gather_refuses_a_gold_type_it_cannot_score(task, kind, message):
 
 
 @pytest.mark.parametrize("overrides,message", [
-    ({"model": {"task": "embed"}}, r"^evaluate is for classify and generate; task embed has no metric"),
+    ({"model": {"task": "embed"}}, r"^evaluate is for classify, generate and seq2seq; task embed has no metric"),
     ({"evaluate": {"label_column": "golden"}}, r"^evaluate.label_column `golden` must be one of input.keep_columns"),
     ({"input": {"keep_columns": ["id"]}}, r"^evaluate.label_column `gold` must be one of input.keep_columns .*"
                                           r"keep_columns: \[id, gold\]$"),

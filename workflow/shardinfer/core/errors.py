@@ -29,3 +29,9 @@ def first_line(error: BaseException) -> str:
     if lines[0].endswith(":") and len(lines) > 1:
         return f"{lines[0]} {lines[1]}"
     return lines[0]
+
+
+def words_list(words) -> str:
+    """`a`, `a and b`, `a, b and c`: names in a message."""
+    words = list(words)
+    return " and ".join([", ".join(words[:-1]), words[-1]]) if len(words) > 1 else "".join(words)

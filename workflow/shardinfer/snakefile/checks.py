@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from shardinfer.contract.shard_file import INDEX_COLUMN
-from shardinfer.core.errors import UserError
+from shardinfer.core.errors import UserError, words_list
 from shardinfer.engines import check_engine
 from shardinfer.input.discovery import missing_input
 from shardinfer.input.shard_bound import check_shard_count
@@ -187,7 +187,7 @@ def check_evaluate(settings: Settings) -> None:
         return
     if task_class(task).reporting.scored_as is None:
         scored = [name for name in TASKS if task_class(name).reporting.scored_as]
-        raise UserError(f"evaluate is for {' and '.join(scored)}; task {task} has no metric, so leave "
+        raise UserError(f"evaluate is for {words_list(scored)}; task {task} has no metric, so leave "
                         "evaluate.label_column out (or null)")
     if column not in inp.keep_columns:
         raise UserError(f"evaluate.label_column `{column}` must be one of input.keep_columns (the gold values "

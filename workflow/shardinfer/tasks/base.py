@@ -47,7 +47,7 @@ import numpy as np
 import pyarrow as pa
 
 from shardinfer.contract.shard_file import OutputType
-from shardinfer.core.errors import UserError
+from shardinfer.core.errors import UserError, words_list
 from shardinfer.hf.batching import length_sorted_batches, padded_tokens
 from shardinfer.settings.config import BatchSettings, ModelSettings, Settings
 from shardinfer.tasks.traits import PlanCost, Reporting
@@ -194,8 +194,7 @@ def tokenize_ahead_refused(task: str, why: str) -> UserError:
     from shardinfer.tasks import TASKS, task_class
 
     able = [name for name in TASKS if task_class(name).tokenizes_ahead]
-    listed = " and ".join([", ".join(able[:-1]), able[-1]] if len(able) > 1 else able)
-    return UserError(f"tokenize.ahead is for {listed}; task {task} {why}")
+    return UserError(f"tokenize.ahead is for {words_list(able)}; task {task} {why}")
 
 
 def matrix_to_list_array(matrix: np.ndarray) -> pa.Array:
