@@ -244,3 +244,19 @@ def test_a_token_the_model_cannot_embed_is_refused_before_the_engine(pooling_mod
     assert batch["segments"] == [None, None, None]
     assert re.fullmatch(r"PoolingParams\(task=embed, dimensions=None, use_activation=False.*",
                         repr(engine.pooling_params()))
+
+
+@pytest.mark.parametrize("section,says", [
+    ({"engine": "server", "server": {"url": "http://127.0.0.1:9/v1"}, "pooling": "last"},
+     "embed.pooling is 'last', but with embed.engine server the server pools as it was started (vLLM: "
+     "--pooler-config '{\"pooling_type\": \"LAST\"}'); start it so and leave embed.pooling at 'mean'"),
+    ({"engine": "server", "server": {"url": "gpu-node-3:8000"}},
+     "embed.server.url is 'gpu-node-3:8000'; embed.engine server needs the server's OpenAI base URL"),
+    ({"engine": "vllm", "server": {"url": "http://127.0.0.1:9/v1"}},
+     "embed.server is set, but embed.engine is vllm: set embed.engine: server to send the rows to "
+     "http://127.0.0.1:9/v1, or leave embed.server out"),
+])
+def test_what_embed_on_a_server_cannot_take_is_refused_in_one_line_before_asking_it(pooling_models, section, says):
+    """Before any request (the URL at 127.0.0.1:9 answers nothing): the server's own answers are
+    tests/test_vllm_pooling.py's, against a real vLLM server."""
+    assert refusal(task_settings("embed", pooling_models["encoder"], **section)).startswith(says)
