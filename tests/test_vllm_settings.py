@@ -29,7 +29,7 @@ from shardinfer.engines.vllm.checks import (
 from shardinfer.engines.vllm.engine import engine_arguments, kv_bytes_per_token
 from shardinfer.engines.vllm.generate import VllmGenerate
 from shardinfer.engines.vllm.matching import engine_refused, rows_results
-from shardinfer.engines.vllm.parallel import cpu_binding, place_workers
+from shardinfer.engines.vllm.parallel import check_cpu_pipeline, cpu_binding, place_workers
 from shardinfer.settings.config import BatchSettings, ModelSettings
 from shardinfer.snakefile.settings_digest import output_digest
 from shardinfer.tasks import task_class
@@ -156,6 +156,9 @@ def test_engine_arguments_on_cpu(lm, tmp_path):
     user = engine_arguments(dataclasses.replace(context, settings=generate_settings(
         lm, vllm={"gpu_memory_utilization": 0.05, "enforce_eager": False})))
     assert "kv_cache_memory_bytes" not in user and user["gpu_memory_utilization"] == 0.05 and not user["enforce_eager"]
+    staged = engine_arguments(dataclasses.replace(context, settings=generate_settings(
+        lm, vllm={"pipeline_parallel_size": 2})))
+    assert staged["enforce_eager"] is False and staged["pipeline_parallel_size"] == 2  # later stages run compiled only
     adapted = engine_arguments(dataclasses.replace(context, settings=generate_settings(lm, adapter_dir(tmp_path))))
     assert (adapted["enable_lora"], adapted["max_loras"], adapted["max_lora_rank"]) == (True, 1, 8)
 
@@ -188,9 +191,12 @@ def test_too_few_cores_for_the_cpu_workers_is_refused_in_one_line(threads, allow
 
 
 def test_what_a_device_cannot_span_is_refused_before_vllm_starts():
-    with pytest.raises(UserError, match="generate.vllm.pipeline_parallel_size is 2, which vLLM's CPU build does not "
-                                        "run in eager mode; on CPU use tensor_parallel_size"):
-        place_workers(Span(1, 2), "cpu", 2)
+    with pytest.raises(UserError, match="^generate.vllm.enforce_eager is true with pipeline_parallel_size 2: on "
+                                        "vLLM's CPU build a pipeline stage beyond the first runs only compiled"):
+        check_cpu_pipeline({"pipeline_parallel_size": 2, "enforce_eager": True})
+    check_cpu_pipeline({"pipeline_parallel_size": 2, "enforce_eager": False})
+    check_cpu_pipeline({"tensor_parallel_size": 2, "enforce_eager": True})
+    assert place_workers(Span(1, 2), "cpu", 2).startswith("2 CPU workers, one per core group")
     with pytest.raises(UserError, match=re.escape(f"{SPANS_SETTING} is 2, but CUDA sees 0 GPU(s) in this job")):
         place_workers(Span(2, 1), "cuda", 4)  # this machine's CUDA sees none
     assert place_workers(Span(), "cpu", 3) == "1 worker on this job's 3 CPU thread(s): tensor_parallel_size 1 x " \

@@ -53,10 +53,6 @@ def take_share(share: RankShare, env: MutableMapping[str, str] | None = None, al
                             f"shared by {share.count} rank(s)) is {len(mine)}")
         env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
         return f"rank {share.rank}: {share.workers} GPU(s) (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']})"
-    if share.pipeline > 1:
-        raise UserError(f"generate.vllm.pipeline_parallel_size is {share.pipeline}, which vLLM's CPU build does not "
-                        "run across node ranks either (its scheduler fails at the first step); on CPU use "
-                        "tensor_parallel_size (pipeline parallel is for GPUs)")
     allowed = sorted(os.sched_getaffinity(0)) if allowed is None else allowed
     cores = share.part(allowed[:share.threads])
     if len(cores) < share.workers:

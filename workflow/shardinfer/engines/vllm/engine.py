@@ -15,7 +15,7 @@ from pathlib import Path
 
 from shardinfer.core.errors import UserError, first_line
 from shardinfer.engines.vllm.checks import INSTALL_HINT, Span, check_lora, vllm_version
-from shardinfer.engines.vllm.parallel import parallel_arguments, place_workers
+from shardinfer.engines.vllm.parallel import check_cpu_pipeline, parallel_arguments, place_workers
 from shardinfer.nodes.ranks import node_ranks
 from shardinfer.settings.config import ModelSettings
 from shardinfer.tasks.base import LoadContext
@@ -63,10 +63,11 @@ def base_arguments(context: LoadContext, max_model_len: int) -> dict:
 
 
 def cpu_defaults(context: LoadContext, user: dict, max_model_len: int) -> dict:
-    """On vLLM's CPU build: eager (torch.compile costs minutes of start-up) and, unless the user
-    sizes it, a KV cache for max_num_seqs rows (vLLM's default reserves a share of host memory,
-    which fails beside other processes)."""
-    defaults = {"enforce_eager": True}
+    """On vLLM's CPU build: eager (torch.compile adds its compiling to every start), except with
+    pipeline parallel, whose later stages run compiled only (`parallel.check_cpu_pipeline`), and,
+    unless the user sizes it, a KV cache for max_num_seqs rows (vLLM's default reserves a share of
+    host memory, which fails beside other processes)."""
+    defaults = {"enforce_eager": Span.of(context.settings.task_settings).pipeline == 1}
     if "kv_cache_memory_bytes" not in user and "gpu_memory_utilization" not in user:
         seqs = int(user.get("max_num_seqs", 256))
         dtype = str(context.dtype).replace("torch.", "")
@@ -153,6 +154,8 @@ def start_engine(context: LoadContext, arguments: dict | None = None):
 
     arguments = engine_arguments(context) if arguments is None else arguments
     what = f"{context.settings.model.task}.engine vllm"
+    if context.device.type == "cpu":
+        check_cpu_pipeline(arguments)
     # An engine over several machines (generate.vllm.nnodes): its other node ranks, started below.
     ranks = node_ranks(arguments, context.device.type, torch.get_num_threads())
     spans = ranks.where() if ranks else place_workers(Span.of(context.settings.task_settings), context.device.type,

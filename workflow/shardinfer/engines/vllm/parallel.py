@@ -10,10 +10,11 @@ runs under its `__main__` guard only (scripts/infer.py), so the shard runs once.
 
 On vLLM's CPU build the workers are bound to cores of their own (VLLM_CPU_OMP_THREADS_BIND,
 "0|1"), taken from the CPUs this job may run on, as many as its threads; vLLM's "auto" wants a
-NUMA node per worker, which most machines lack. Pipeline parallel is refused on CPU: its workers
-beyond the first fail with the eager mode the CPU build starts in (its warm-up, which allocates
-their inputs, is skipped), and torch.compile would cost minutes of start-up. Tensor parallel on CPU
-is a correctness check, not a speed-up (each layer's all-reduce costs more than it saves).
+NUMA node per worker, which most machines lack. Pipeline parallel on CPU runs compiled: in the
+eager mode the CPU build otherwise starts in (`engine.cpu_defaults`), it skips the warm-up that
+allocates the inputs of every stage beyond the first, whose workers then fail at the first step
+(`check_cpu_pipeline`). Tensor and pipeline parallel on CPU are a correctness check, not a
+speed-up (each layer's all-reduce, each stage's hand-over, costs more than it saves).
 """
 
 from __future__ import annotations
@@ -44,9 +45,6 @@ def place_workers(span: Span, device_type: str, threads: int) -> str:
         return f"{span.workers} GPU(s) (CUDA_VISIBLE_DEVICES={visible}): {span.sizes()}"
     if span.workers == 1:
         return f"1 worker on this job's {threads} CPU thread(s): {span.sizes()}"
-    if span.pipeline > 1:
-        raise UserError(f"generate.vllm.pipeline_parallel_size is {span.pipeline}, which vLLM's CPU build does not run "
-                        "in eager mode; on CPU use tensor_parallel_size (pipeline parallel is for GPUs)")
     binding = cpu_binding(span.workers, threads, sorted(os.sched_getaffinity(0)))
     os.environ[BIND_VAR] = binding
     return f"{span.workers} CPU workers, one per core group ({BIND_VAR}={binding}): {span.sizes()}"
@@ -62,3 +60,14 @@ def cpu_binding(workers: int, threads: int, allowed: list[int]) -> str:
                         f"least {workers} (--set-threads infer={workers}, or more --cores)")
     each = len(usable) // workers
     return "|".join(",".join(map(str, usable[k * each:(k + 1) * each])) for k in range(workers))
+
+
+def check_cpu_pipeline(arguments: dict) -> None:
+    """Pipeline parallel on vLLM's CPU build runs compiled only: eager mode skips the warm-up that
+    allocates a later stage's inputs (vLLM 0.32's `CPUModelRunner.warming_up_model`), and its
+    workers fail at the first step; refused before the engine starts, naming the setting."""
+    pipeline = int(arguments.get("pipeline_parallel_size") or 1)
+    if pipeline > 1 and arguments.get("enforce_eager"):
+        raise UserError(f"generate.vllm.enforce_eager is true with pipeline_parallel_size {pipeline}: on vLLM's CPU "
+                        "build a pipeline stage beyond the first runs only compiled (eager mode skips the warm-up that "
+                        "allocates its inputs); leave enforce_eager out")
