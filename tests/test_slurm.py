@@ -604,6 +604,10 @@ def node_runs(slurm, nodes_profile, causal_lm, tmp_path_factory):
         _cannot_run(vllm_missing())
     workdir = tmp_path_factory.mktemp("nodes")
     config = node_config(workdir, causal_lm(38), rows=40, window=4)
+    # 4 rows at a time in the engine: its windows end one after another, so the first is committed
+    # while the others run (fed all at once, 40 rows end together, and a quiet machine finished the
+    # shard before rank 1 could be killed)
+    config["generate"]["vllm"]["max_num_seqs"] = 4
     (workdir / "config").mkdir(parents=True, exist_ok=True)
     (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config))
     runs = NodeRuns(Case(workdir, pd.read_parquet(config["input"]["path"]), 1), nodes_profile)
