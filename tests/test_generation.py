@@ -287,3 +287,12 @@ def nested(row) -> list:
     """A row's samples' token lists (one sample: the row itself)."""
     row = as_list(row)
     return [as_list(s) for s in row] if row and isinstance(as_list(row[0]), list) else [row]
+
+
+def test_the_engine_contract_holds_on_vllm_generate(runs):
+    """tests/test_engine_contract.py's check of the pair (generate, vllm), on this module's run with
+    n = 2, log-probabilities and a JSON schema: the columns those settings declare, of those types."""
+    from test_engine_contract import holds_the_contract
+
+    workdirs, _, _ = runs
+    holds_the_contract(workdirs["vllm-sampled-3"])

@@ -333,3 +333,12 @@ def test_the_engine_contract_holds_on_the_embedding_server(runs, tmp_path, monke
     assert table.column_names == ["index", *config["input"]["keep_columns"], *declared]
     assert table.column("index").to_pylist() == list(range(CONTRACT_ROWS)) and stats["rows"] == CONTRACT_ROWS
     assert {name: table.schema.field(name).type for name in declared} == declared
+
+
+def test_the_engine_contract_holds_on_the_pooling_runner(runs):
+    """tests/test_engine_contract.py's check of the pairs (embed, classify, score, token-classify on
+    vllm), on this module's runs: the columns their settings declare, of those types, every row."""
+    from test_engine_contract import holds_the_contract
+
+    for name in ("embed", "classify", "score", "tagger"):
+        holds_the_contract(runs[name, "vllm"][0])
