@@ -195,3 +195,15 @@ def gather_job(plan_path, shard_paths, inp, model: dict, digest: str, table, sum
     fields = {name: tuple(value) if isinstance(value, list) else value for name, value in fields.items()}
     return GatherJob(str(plan_path), tuple(map(str, shard_paths)), inp, model, digest,
                      {**files, "summary": str(summary)}, output, **fields)
+
+
+def one_line_refusal(call) -> str:
+    """The UserError that `call()` raises, which must be one line (what the user's terminal shows)."""
+    import pytest
+
+    from shardinfer.core.errors import UserError
+
+    with pytest.raises(UserError) as caught:
+        call()
+    assert "\n" not in str(caught.value)
+    return str(caught.value)

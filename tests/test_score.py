@@ -9,8 +9,16 @@ import pyarrow as pa
 import pytest
 import torch
 
-from factory import REPO, input_frame, read_predictions, run_workflows_ok, texts, workflow_config, write_input
-from shardinfer.core.errors import UserError
+from factory import (
+    REPO,
+    input_frame,
+    one_line_refusal,
+    read_predictions,
+    run_workflows_ok,
+    texts,
+    workflow_config,
+    write_input,
+)
 from shardinfer.engines.transformers import Transformers
 from shardinfer.plan.plan_file import make_plan
 from shardinfer.shard.device_loop import predict_window, prepare_batches
@@ -107,26 +115,20 @@ def test_sigmoid_gives_the_logits_sigmoid(cross, pairs):
     np.testing.assert_allclose(got, 1 / (1 + np.exp(-direct(cross, frame).astype(np.float64))), atol=1e-6)
 
 
-def refused(call) -> str:
-    with pytest.raises(UserError) as caught:
-        call()
-    assert "\n" not in str(caught.value)
-    return str(caught.value)
-
 
 def test_bad_settings_are_refused_in_one_line(cross, pairs, tmp_path):
     path, frame = pairs
-    message = refused(lambda: check_settings(validated(score_config(path, cross, score={}))))
+    message = one_line_refusal(lambda: check_settings(validated(score_config(path, cross, score={}))))
     assert message.startswith("score.pair_column is required for task score")
     elsewhere = write_input(frame.drop(columns="passage"), tmp_path / "no-pair.parquet")
     settings = validated(score_config(elsewhere, cross))
     check_settings(settings)  # the model is fine; the column is missing from the data
-    assert refused(lambda: make_plan(settings.input, 1, MAX_LENGTH)).startswith(
+    assert one_line_refusal(lambda: make_plan(settings.input, 1, MAX_LENGTH)).startswith(
         f"score.pair_column: column `passage` is not in `{elsewhere}`")
     two = build_tiny_cross_encoder(tmp_path, num_labels=2)
     wanted = f"model.path `{two}`: its classifier has 2 labels; task score needs a cross-encoder with exactly one"
-    assert refused(lambda: check_settings(validated(score_config(path, two)))).startswith(wanted)
-    assert refused(lambda: load(validated(score_config(path, two)))).startswith(wanted)  # and again at load
+    assert one_line_refusal(lambda: check_settings(validated(score_config(path, two)))).startswith(wanted)
+    assert one_line_refusal(lambda: load(validated(score_config(path, two)))).startswith(wanted)  # and again at load
 
 
 @pytest.mark.e2e

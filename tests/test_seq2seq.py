@@ -12,8 +12,15 @@ import pyarrow as pa
 import pytest
 import torch
 
-from factory import REPO, input_frame, read_predictions, run_workflows_ok, workflow_config, write_input
-from shardinfer.core.errors import UserError
+from factory import (
+    REPO,
+    input_frame,
+    one_line_refusal,
+    read_predictions,
+    run_workflows_ok,
+    workflow_config,
+    write_input,
+)
 from shardinfer.engines.transformers import Transformers
 from shardinfer.shard.device_loop import predict_window, prepare_batches
 from shardinfer.snakefile.checks import check_settings, schema_errors
@@ -93,24 +100,19 @@ def test_each_row_is_what_model_generate_gives_it_alone(seq2seq_lm, frame, tmp_p
     assert Seq2Seq.cost.overhead(settings) == NEW * num_beams  # and the plan's balance counts them too
 
 
-def refused(call) -> str:
-    with pytest.raises(UserError) as caught:
-        call()
-    assert "\n" not in str(caught.value)
-    return str(caught.value)
-
 
 def test_bad_settings_are_refused_in_one_line(seq2seq_lm, models, tmp_path):
     path = write_input(input_frame(4), tmp_path / "in.parquet")
     check_settings(validated(seq2seq_config(path, seq2seq_lm, tokenize={"ahead": True})))  # fine, tokenized ahead too
     missing = seq2seq_config(path, seq2seq_lm, model={"max_new_tokens": None})
-    assert refused(lambda: check_settings(validated(missing))) == (
+    assert one_line_refusal(lambda: check_settings(validated(missing))) == (
         "model.max_new_tokens must be an integer >= 1 for task seq2seq (tokens to generate at most per row); got None")
     for beams, why in ((0, "0 is less than the minimum of 1"), ("2", "'2' is not of type 'integer'")):
         config = seq2seq_config(path, seq2seq_lm, seq2seq={"num_beams": beams})
-        assert refused(lambda config=config: schema_errors(config, SCHEMA)) == f"config `seq2seq.num_beams`: {why}"
+        said = one_line_refusal(lambda config=config: schema_errors(config, SCHEMA))
+        assert said == f"config `seq2seq.num_beams`: {why}"
     encoder = seq2seq_config(path, models.classifier)
-    assert refused(lambda: check_settings(validated(encoder))) == (
+    assert one_line_refusal(lambda: check_settings(validated(encoder))) == (
         f"model.path `{models.classifier}`: it holds BertForSequenceClassification, not an encoder-decoder model "
         "(its config.json has no is_encoder_decoder: true); task seq2seq needs one (T5, BART, Marian, NLLB)")
 

@@ -20,10 +20,10 @@ from shardinfer.output.base import (
     Proven,
     Writer,
     one_file_facts,
-    part_name,
     size_of,
     staged,
     staged_folder,
+    write_in_parts,
 )
 
 FILE = "predictions.arrow"
@@ -46,7 +46,8 @@ class ArrowIPC(Writer):
             return one_file_facts(where.paths["arrow"], rows=proven.rows)
         folder = where.paths["arrow_parts"]
         with staged_folder(folder) as staging:
-            count = write_parts(proven.tables, proven.schema, staging, where.part_bytes)
+            count = write_in_parts(proven.tables, staging, where.part_bytes, ".arrow",
+                                   lambda path: IpcPart(path, proven.schema))
         return {"layout": "parts", "path": folder, "parts": count, "bytes": size_of(folder), "rows": proven.rows}
 
     def read_back(self, where: Destination) -> Iterator[dict]:
@@ -56,43 +57,36 @@ class ArrowIPC(Writer):
                 yield from pa.ipc.open_file(source).read_all().to_pylist()
 
 
+class IpcPart:
+    """An Arrow IPC file, of the proven table's schema (the first row group's where none is given)."""
+
+    def __init__(self, path: Path, schema: pa.Schema | None) -> None:
+        self.path, self.schema, self.writer = path, schema, None
+        if schema is not None:
+            self.writer = pa.ipc.new_file(str(path), schema)
+
+    def write(self, table: pa.Table) -> None:
+        if self.writer is None:
+            self.schema = table.schema
+            self.writer = pa.ipc.new_file(str(self.path), self.schema)
+        self.writer.write_table(table.replace_schema_metadata(self.schema.metadata))
+
+    def size(self) -> int:
+        return self.path.stat().st_size
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
 def write_file(path: Path, tables: Iterable[pa.Table], schema: pa.Schema | None) -> None:
     """Every row group into one IPC file, in order (its schema: the proven table's, metadata and all)."""
-    writer = None
+    part = IpcPart(path, schema)
     try:
         for table in tables:
-            if writer is None:
-                writer = pa.ipc.new_file(str(path), schema or table.schema)
-            writer.write_table(table.replace_schema_metadata((schema or table.schema).metadata))
-        if writer is None:  # no rows: the table's columns alone
-            writer = pa.ipc.new_file(str(path), schema)
+            part.write(table)
     finally:
-        if writer is not None:
-            writer.close()
-
-
-def write_parts(tables: Iterable[pa.Table], schema: pa.Schema | None, folder: Path, part_bytes: int) -> int:
-    """The rows in parts of about `part_bytes` (a part closes after the row group that fills it),
-    named by their number once all are written; no rows is one part of none. Returns the parts."""
-    written, writer = [], None
-    try:
-        for table in tables:
-            if writer is None:
-                written.append(folder / f"{len(written)}.partial")
-                writer = pa.ipc.new_file(str(written[-1]), schema or table.schema)
-            writer.write_table(table.replace_schema_metadata((schema or table.schema).metadata))
-            if written[-1].stat().st_size >= part_bytes:
-                writer.close()
-                writer = None
-        if not written:
-            written.append(folder / "0.partial")
-            writer = pa.ipc.new_file(str(written[-1]), schema)
-    finally:
-        if writer is not None:
-            writer.close()
-    for number, path in enumerate(written):
-        path.rename(folder / part_name(number, len(written), ".arrow"))
-    return len(written)
+        part.close()
 
 
 WRITERS = (ArrowIPC(),)

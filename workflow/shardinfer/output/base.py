@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, TextIO
+from typing import ClassVar, Protocol, TextIO
 
 import pyarrow as pa
 
@@ -156,3 +156,39 @@ def one_file_facts(path: str, **extra) -> dict:
 
 def open_text(path: Path) -> TextIO:
     return open(path, "w", encoding="utf-8")
+
+
+class Part(Protocol):
+    """One part file being written (`write_in_parts`): its row groups in order, and its bytes so far."""
+
+    def write(self, table: pa.Table) -> None: ...
+
+    def size(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+def write_in_parts(tables: Iterable[pa.Table], folder: Path, part_bytes: int, suffix: str,
+                   start: Callable[[Path], Part]) -> int:
+    """The rows in parts of about `part_bytes` (a part closes after the row group that fills it),
+    each begun by `start(path)`, named `part-NNNNN-of-MMMMM<suffix>` once all are written (name order
+    is index order); no rows is one empty part. Returns the parts."""
+    written, part = [], None
+    try:
+        for table in tables:
+            if part is None:
+                written.append(folder / f"{len(written)}.partial")
+                part = start(written[-1])
+            part.write(table)
+            if part.size() >= part_bytes:
+                part.close()
+                part = None
+        if not written:
+            written.append(folder / "0.partial")
+            part = start(written[-1])
+    finally:
+        if part is not None:
+            part.close()
+    for number, path in enumerate(written):
+        path.rename(folder / part_name(number, len(written), suffix))
+    return len(written)

@@ -29,10 +29,10 @@ from shardinfer.output.base import (
     Writer,
     one_file_facts,
     open_text,
-    part_name,
     size_of,
     staged,
     staged_folder,
+    write_in_parts,
 )
 
 FILE = "predictions.jsonl"
@@ -56,7 +56,7 @@ class JSONL(Writer):
             return one_file_facts(where.paths["jsonl"], rows=proven.rows)
         folder = where.paths["jsonl_parts"]
         with staged_folder(folder) as staging:
-            count = write_parts(proven.tables, staging, where.part_bytes)
+            count = write_in_parts(proven.tables, staging, where.part_bytes, ".jsonl", JsonlPart)
         return {"layout": "parts", "path": folder, "parts": count, "bytes": size_of(folder), "rows": proven.rows}
 
     def read_back(self, where: Destination) -> Iterator[dict]:
@@ -66,28 +66,20 @@ class JSONL(Writer):
                 yield from map(json.loads, lines_in)
 
 
-def write_parts(tables: Iterator[pa.Table], folder: Path, part_bytes: int) -> int:
-    """The rows in parts of about `part_bytes` (a part closes after the row group that fills it), named
-    by their number once all are written; an empty table is one empty part. Returns the parts."""
-    written, out = [], None
-    try:
-        for table in tables:
-            if out is None:
-                written.append(folder / f"{len(written)}.partial")
-                out = open_text(written[-1])
-            out.writelines(lines(table))
-            if out.tell() >= part_bytes:
-                out.close()
-                out = None
-        if not written:
-            written.append(folder / "0.partial")
-            open_text(written[-1]).close()
-    finally:
-        if out is not None:
-            out.close()
-    for number, path in enumerate(written):
-        path.rename(folder / part_name(number, len(written), ".jsonl"))
-    return len(written)
+class JsonlPart:
+    """A part of JSON Lines (`write_in_parts`)."""
+
+    def __init__(self, path: Path) -> None:
+        self.out = open_text(path)
+
+    def write(self, table: pa.Table) -> None:
+        self.out.writelines(lines(table))
+
+    def size(self) -> int:
+        return self.out.tell()
+
+    def close(self) -> None:
+        self.out.close()
 
 
 def lines(table: pa.Table) -> Iterator[str]:
