@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from shardinfer.core.errors import UserError
 from shardinfer.settings.config import BatchSettings, Settings
 from shardinfer.tasks.base import LoadContext, Task, Window
 
@@ -128,6 +129,24 @@ class Engine:
         """Stats for the shard's summary, called after each window: the task's (its `totals` among
         them), and the engine's own."""
         return self.task.finish()
+
+
+def whole_window(batches: list, window: Window, engine: str) -> dict:
+    """The one batch of an engine that takes a window whole (`collate` gave it all its rows)."""
+    (positions, batch), = batches
+    if len(positions) != window.rows:
+        raise UserError(f"the {engine} engine takes a window whole; got a batch of {len(positions)} of "
+                        f"{window.rows} rows")
+    return batch
+
+
+def failed_row(record: bool, row: int, why: str) -> str:
+    """A row that failed alone, for a feeding engine: `why`, to record with `row_errors: record`;
+    else the shard fails naming it."""
+    if not record:
+        raise UserError(f"row {row}: {why}; the shard's table was not written (fix the input, or "
+                        "set row_errors.mode: record to write such rows as row errors)")
+    return why
 
 
 class EngineProgress:

@@ -22,8 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardinfer.core.errors import UserError
-from shardinfer.engines.base import NOT_YET, EngineProgress
+from shardinfer.engines.base import NOT_YET, EngineProgress, failed_row, whole_window
 from shardinfer.engines.server.requests import Refused, Unanswered
 
 AHEAD = 1  # windows in flight behind the oldest one, however few rows they hold
@@ -100,10 +99,7 @@ class ServerFeeder:
 
     def send(self, key: Any, window, batches: list) -> SentWindow:
         """A window's rows, each as its own request (`collate` gave the window whole)."""
-        (positions, batch), = batches
-        if len(positions) != window.rows:
-            raise UserError(f"the server engine takes a window whole; got a batch of {len(positions)} of "
-                            f"{window.rows} rows")
+        batch = whole_window(batches, window, "server")
         sent = SentWindow(key, batch)
         for position in range(window.rows):
             refused = batch["refused"].get(position)
@@ -117,10 +113,7 @@ class ServerFeeder:
 
     def fail(self, sent: SentWindow, position: int, why: str) -> None:
         """A row that failed alone: recorded, or the shard fails naming it."""
-        if not self.record:
-            raise UserError(f"row {sent.row(position)}: {why}; the shard's table was not written (fix the input, or "
-                            "set row_errors.mode: record to write such rows as row errors)")
-        sent.failed[position] = why
+        sent.failed[position] = failed_row(self.record, sent.row(position), why)
 
     def finished(self, sent: SentWindow) -> tuple[Any, dict, dict[int, str]]:
         """A window's results (the rows that did not fail, in row order) and its failed rows. A

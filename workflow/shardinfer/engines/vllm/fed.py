@@ -44,6 +44,18 @@ class FedVllm(Engine):
         """The engine started for the context: (the LLM, seconds its start took)."""
         return start_engine(context, cls.arguments(context))
 
+    @staticmethod
+    def checked_tokenizer(context: LoadContext):
+        """The model's tokenizer, its weight files (and the adapter's) checked first: vLLM would load
+        pickle weights too."""
+        from shardinfer.hf.models import check_weight_files, load_tokenizer
+
+        model = context.settings.model
+        check_weight_files(model.path, model.allow_pickle, "model.path")
+        if model.adapter is not None:
+            check_weight_files(model.adapter, model.allow_pickle, "model.adapter")
+        return load_tokenizer(model)
+
     @classmethod
     def identity(cls, settings) -> dict:
         """The engine's build and version: another version may give other rows."""

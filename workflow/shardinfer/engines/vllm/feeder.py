@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardinfer.core.errors import UserError, first_line
-from shardinfer.engines.base import NOT_YET, EngineProgress
+from shardinfer.engines.base import NOT_YET, EngineProgress, failed_row, whole_window
 
 log = logging.getLogger(__name__)
 
@@ -113,11 +113,8 @@ class Feeder:
 
     def add_window(self, key: Any, window, batches: list) -> FedWindow:
         """A window's rows into the engine, each as its own request (`collate` gave the window whole)."""
-        (positions, batch), = batches
-        if len(positions) != window.rows:
-            raise UserError(f"the vLLM engine takes a window whole; got a batch of {len(positions)} of "
-                            f"{window.rows} rows")
-        fed = FedWindow(key, batch)
+        fed = FedWindow(key, whole_window(batches, window, "vLLM"))
+        batch = fed.batch
         for position in range(window.rows):
             refused = batch["refused"].get(position)
             if refused is not None:
@@ -143,10 +140,7 @@ class Feeder:
 
     def fail(self, fed: FedWindow, position: int, why: str) -> None:
         """A row that failed alone: recorded, or the shard fails naming it."""
-        if not self.record:
-            raise UserError(f"row {fed.row(position)}: {why}; the shard's table was not written (fix the input, or "
-                            "set row_errors.mode: record to write such rows as row errors)")
-        fed.failed[position] = why
+        fed.failed[position] = failed_row(self.record, fed.row(position), why)
 
     def step(self) -> tuple[Exception | None, list[tuple[FedWindow, int]]]:
         """One engine step, its finished rows taken; an exception aborts every request in flight

@@ -64,13 +64,8 @@ class VllmGenerate(FedVllm):
     @classmethod
     def load(cls, task_class: type[Generate], context: LoadContext) -> VllmGenerate:
         """The task without a transformers model (its tokenizer makes the prompts), and vLLM's engine."""
-        from shardinfer.hf.models import check_weight_files, load_tokenizer
-
         model = context.settings.model
-        check_weight_files(model.path, model.allow_pickle, "model.path")  # vLLM would load pickle weights too
-        if model.adapter is not None:
-            check_weight_files(model.adapter, model.allow_pickle, "model.adapter")
-        tokenizer = load_tokenizer(model)
+        tokenizer = cls.checked_tokenizer(context)
         config = generation_config_of(model.path)
         # vLLM's own detection of a chat template's content format: what `LLM.chat` would pass.
         task = task_class(None, tokenizer, tokenizer.pad_token_id or 0, context, config.get("eos_token_id"),

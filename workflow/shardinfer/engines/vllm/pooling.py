@@ -65,13 +65,10 @@ class VllmPooling(FedVllm):
     @classmethod
     def load(cls, task_class: type[Task], context: LoadContext) -> VllmPooling:
         """The task without a transformers model (its tokenizer makes the rows' ids), and vLLM's runner."""
-        from shardinfer.hf.models import check_weight_files, load_tokenizer, pad_id_of
+        from shardinfer.hf.models import pad_id_of
 
         model = context.settings.model
-        check_weight_files(model.path, model.allow_pickle, "model.path")  # vLLM would load pickle weights too
-        if model.adapter is not None:
-            check_weight_files(model.adapter, model.allow_pickle, "model.adapter")
-        tokenizer = load_tokenizer(model)
+        tokenizer = cls.checked_tokenizer(context)
         task = task_class(None, tokenizer, pad_id_of(tokenizer, model_config(model.path).get("pad_token_id")), context)
         if long_max_length(model.path, model.max_length):  # the positions hold it (checked when the Snakefile loaded)
             os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
