@@ -9,11 +9,10 @@ Imports the rooms below it; never torch.
 from __future__ import annotations
 
 import functools
-import importlib
 import os
-import pkgutil
 
 from shardinfer.core.errors import UserError
+from shardinfer.core.plugins import discover
 from shardinfer.output.base import Writer
 from shardinfer.settings.config import InputSettings, OutputSettings
 
@@ -23,11 +22,7 @@ TABLE = "parquet"  # the writer every run has unless output.writers leaves it ou
 @functools.cache
 def all_writers() -> dict[str, Writer]:
     """Every writer, by name, from the package's modules in name order."""
-    found: dict[str, Writer] = {}
-    for module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-        for writer in getattr(importlib.import_module(f"{__name__}.{module}"), "WRITERS", ()):
-            found[writer.name] = writer
-    return found
+    return discover(__name__, __path__, "WRITERS")
 
 
 def writer_named(name: str) -> Writer:

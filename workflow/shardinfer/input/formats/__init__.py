@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
-import pkgutil
 from pathlib import Path
 
 from shardinfer.core.errors import UserError
+from shardinfer.core.plugins import discover
 from shardinfer.input.formats.base import COMPRESSED_SUFFIXES, Format
 from shardinfer.settings.config import FLAT_OPTIONS
 
@@ -20,11 +19,7 @@ from shardinfer.settings.config import FLAT_OPTIONS
 @functools.cache
 def all_formats() -> dict[str, Format]:
     """Every format, by name, from the package's modules in name order."""
-    found: dict[str, Format] = {}
-    for module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-        for fmt in getattr(importlib.import_module(f"{__name__}.{module}"), "FORMATS", ()):
-            found[fmt.name] = fmt
-    return found
+    return discover(__name__, __path__, "FORMATS")
 
 
 def format_named(name: str) -> Format:
