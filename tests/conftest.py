@@ -148,7 +148,7 @@ class FinishedRun:
 
 
 # The (rows, shards) the suite's modules ask `classify_runs` for: the first request makes them all.
-SHARED_CLASSIFY_RUNS = ((1000, 1), (1000, 4), (2, 4))
+SHARED_CLASSIFY_RUNS = ((1000, 1), (1000, 4), (2, 3))
 # The one whose report items tests read (tests/test_report.py and test_metrics.py, in copies); the
 # others stop at the proven table, as most runs do (factory.WITHOUT_REPORT: the report job proves nothing).
 REPORTED_CLASSIFY_RUN = (1000, 4)

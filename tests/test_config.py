@@ -10,7 +10,7 @@ import pytest
 from factory import REPO, input_frame, run_workflow, workflow_config, write_input
 from shardinfer.core.errors import UserError
 from shardinfer.input.discovery import detect_format
-from shardinfer.settings.schema import SCHEMA_PATH, defaults, schema
+from shardinfer.settings.schema import SCHEMA_PATH, defaults, fill_defaults, schema
 from shardinfer.snakefile.checks import check_settings, schema_errors
 from shardinfer.snakefile.configure import resolve_model_path, settings_from_config
 from shardinfer.snakefile.settings_digest import output_digest
@@ -32,6 +32,29 @@ def test_defaults_are_what_snakemakes_validate_fills():
     named = {"inputs": {"val": {"path": "val.csv"}}, "model": {}}
     validate(named, str(SCHEMA_PATH))
     assert named["inputs"]["val"] == {**DEFAULTS["input"], "path": "val.csv"}
+
+
+@pytest.mark.parametrize("config", [
+    {"input": {"path": "in.csv"}, "model": {}},
+    {"inputs": {"val": {"path": "val.csv", "text_column": "body"}, "test": {"path": "t.csv"}}, "model": {}},
+    {"input": {"path": "in.jsonl"}, "model": {"task": "generate", "max_new_tokens": 8},
+     "generate": {"engine": "vllm", "vllm": {"tensor_parallel_size": 2}, "do_sample": True, "temperature": 0.5},
+     "batch": {"max_rows": 3}, "output": {"layout": "parts"}, "shards": "auto"},
+    {"input": {"path": "in.csv"}, "model": {"task": "embed"}, "embed": {"engine": "server",
+                                                                         "server": {"url": "http://h:1/v1"}}},
+])
+def test_the_snakefile_fills_defaults_as_snakemakes_validate_does(config):
+    """The Snakefile fills the schema's defaults itself (`fill_defaults`: Snakemake's `validate`
+    imports pandas at every parse); the config it gives every rule is the one `validate` gives."""
+    from snakemake.utils import validate
+
+    expected, got = copy.deepcopy(config), copy.deepcopy(config)
+    validate(expected, str(SCHEMA_PATH))
+    assert fill_defaults(got) == expected
+    assert fill_defaults(copy.deepcopy(config), str(SCHEMA_PATH)) == expected
+    again = copy.deepcopy(config)
+    fill_defaults(again)["model"]["max_length"] = -1  # the schema's cached defaults are not shared
+    assert fill_defaults(copy.deepcopy(config)) == expected
 
 
 def test_an_unknown_task_is_refused_naming_the_registrys(tmp_path, models):

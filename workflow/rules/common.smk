@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import NoReturn
 
 from snakemake.logging import logger
-from snakemake.utils import validate
 
 
 def refuse(message) -> NoReturn:
@@ -68,6 +67,7 @@ from shardinfer.snakefile.checks import (
 )
 from shardinfer.snakefile.configure import input_paths, own_outputs_notes
 from shardinfer.core.errors import UserError
+from shardinfer.settings.schema import fill_defaults
 from shardinfer.snakefile.incomplete import settle
 from shardinfer.input.bucket import bucket_listing, object_names
 from shardinfer.input.shard_bound import shard_count_note
@@ -123,8 +123,9 @@ def load_inputs(config):
     """
     try:
         check_input_keys(config)
-        schema_errors(config, workflow.source_path(SCHEMA))
-        validate(config, SCHEMA)
+        schema = workflow.source_path(SCHEMA)
+        schema_errors(config, schema)
+        fill_defaults(config, schema)
         if STORAGE:
             check_storage_inputs(config)
         devices, setting = engine_devices(config)

@@ -1,5 +1,5 @@
 """The config schema (workflow/schemas/config.schema.yaml) as data: the one home of every key's
-default. The Snakefile's `validate` fills them into the config; code that builds settings without
+default. The Snakefile fills them into the config (`fill_defaults`); code that builds settings without
 a validated config (unit tests, scripts/benchmark.py, a task driven by hand) reads them here, so
 no default is written down twice.
 """
@@ -25,8 +25,8 @@ def parse_yaml(text: str) -> dict:
 
 
 @cache
-def _schema() -> dict:
-    return parse_yaml(SCHEMA_PATH.read_text())
+def _schema(path: Path | None = None) -> dict:
+    return parse_yaml((path or SCHEMA_PATH).read_text())
 
 
 def schema() -> dict:
@@ -50,3 +50,25 @@ def filled(node: dict) -> dict:
             value = copy.deepcopy(child["default"])
             values[key] = {**filled(child), **value} if isinstance(value, dict) and "properties" in child else value
     return values
+
+
+def fill_defaults(config: dict, schema_path: str | Path | None = None) -> dict:
+    """Fill the schema's defaults into `config` in place, as Snakemake's `validate(config, schema)`
+    does (its jsonschema recipe: each missing property set to its default, which is then validated and
+    so filled in turn), without what `validate` costs at each parse of the Snakefile (every run and
+    every cluster job): the schema read again, and pandas imported to ask whether the config is a
+    DataFrame. The config has passed `shardinfer.snakefile.checks.schema_errors` before."""
+    from jsonschema import Draft202012Validator, validators
+
+    check_properties = Draft202012Validator.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        for key, child in properties.items():
+            if "default" in child and isinstance(instance, dict):
+                instance.setdefault(key, copy.deepcopy(child["default"]))
+        yield from check_properties(validator, properties, instance, schema)
+
+    filling = validators.extend(Draft202012Validator, {"properties": set_defaults})
+    for _ in filling(_schema(schema_path and Path(schema_path).resolve())).iter_errors(config):
+        pass  # refused before, in one line (schema_errors)
+    return config
