@@ -115,7 +115,6 @@ def test_sigmoid_gives_the_logits_sigmoid(cross, pairs):
     np.testing.assert_allclose(got, 1 / (1 + np.exp(-direct(cross, frame).astype(np.float64))), atol=1e-6)
 
 
-
 def test_bad_settings_are_refused_in_one_line(cross, pairs, tmp_path):
     path, frame = pairs
     message = one_line_refusal(lambda: check_settings(validated(score_config(path, cross, score={}))))

@@ -100,7 +100,6 @@ def test_each_row_is_what_model_generate_gives_it_alone(seq2seq_lm, frame, tmp_p
     assert Seq2Seq.cost.overhead(settings) == NEW * num_beams  # and the plan's balance counts them too
 
 
-
 def test_bad_settings_are_refused_in_one_line(seq2seq_lm, models, tmp_path):
     path = write_input(input_frame(4), tmp_path / "in.parquet")
     check_settings(validated(seq2seq_config(path, seq2seq_lm, tokenize={"ahead": True})))  # fine, tokenized ahead too

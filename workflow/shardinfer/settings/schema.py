@@ -29,6 +29,12 @@ def _schema(path: Path | None = None) -> dict:
     return parse_yaml((path or SCHEMA_PATH).read_text())
 
 
+def schema_at(path: str | Path | None = None) -> dict:
+    """The schema at `path` (the Snakefile's copy; None: this package's), parsed once per process and
+    shared: read it, never change it. The Snakefile's checks and its defaults take it from here."""
+    return _schema(path and Path(path).resolve())
+
+
 def schema() -> dict:
     """The schema, parsed (a copy: callers may change it)."""
     return copy.deepcopy(_schema())
@@ -56,7 +62,7 @@ def fill_defaults(config: dict, schema_path: str | Path | None = None) -> dict:
     """Fill the schema's defaults into `config` in place, as Snakemake's `validate(config, schema)`
     does (its jsonschema recipe: each missing property set to its default, which is then validated and
     so filled in turn), without what `validate` costs at each parse of the Snakefile (every run and
-    every cluster job): the schema read again, and pandas imported to ask whether the config is a
+    every cluster job): the schema read a second time, and pandas imported to ask whether the config is a
     DataFrame. The config has passed `shardinfer.snakefile.checks.schema_errors` before."""
     from jsonschema import Draft202012Validator, validators
 
@@ -69,6 +75,6 @@ def fill_defaults(config: dict, schema_path: str | Path | None = None) -> dict:
         yield from check_properties(validator, properties, instance, schema)
 
     filling = validators.extend(Draft202012Validator, {"properties": set_defaults})
-    for _ in filling(_schema(schema_path and Path(schema_path).resolve())).iter_errors(config):
+    for _ in filling(schema_at(schema_path)).iter_errors(config):
         pass  # refused before, in one line (schema_errors)
     return config

@@ -17,7 +17,7 @@ from shardinfer.input.discovery import missing_input
 from shardinfer.input.shard_bound import check_shard_count
 from shardinfer.output import chosen_writers
 from shardinfer.settings.config import InputSettings, Settings
-from shardinfer.settings.schema import BARE_WORDS, parse_yaml
+from shardinfer.settings.schema import BARE_WORDS, schema_at
 from shardinfer.tasks import TASKS, may_write_files, task_class
 
 INPUT_NAME = re.compile(r"[A-Za-z0-9_-]+")  # a name of `inputs`: a folder under results/ and logs/
@@ -27,7 +27,7 @@ def schema_errors(config: dict, schema_path: str) -> None:
     """Refuse a config the schema rejects, in one line naming the key, the value and what is allowed."""
     import jsonschema
 
-    schema = parse_yaml(Path(schema_path).read_text())
+    schema = schema_at(schema_path)
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
         error = errors[0]
