@@ -25,25 +25,25 @@ def parse_yaml(text: str) -> dict:
 
 
 @cache
-def _schema(path: Path | None = None) -> dict:
-    return parse_yaml((path or SCHEMA_PATH).read_text())
+def _schema(path: Path) -> dict:
+    return parse_yaml(path.read_text())
 
 
 def schema_at(path: str | Path | None = None) -> dict:
     """The schema at `path` (the Snakefile's copy; None: this package's), parsed once per process and
     shared: read it, never change it. The Snakefile's checks and its defaults take it from here."""
-    return _schema(path and Path(path).resolve())
+    return _schema(Path(path or SCHEMA_PATH).resolve())
 
 
 def schema() -> dict:
     """The schema, parsed (a copy: callers may change it)."""
-    return copy.deepcopy(_schema())
+    return copy.deepcopy(schema_at())
 
 
 def defaults(section: str | None = None) -> dict:
     """What Snakemake's `validate` fills into a config that sets nothing (`section` None), or into
     a section given with none of its keys (`defaults("generate")`, `defaults("input")`)."""
-    node = _schema() if section is None else _schema()["properties"][section]
+    node = schema_at() if section is None else schema_at()["properties"][section]
     return filled(node)
 
 
