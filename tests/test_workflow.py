@@ -95,6 +95,7 @@ def test_the_terminal_shows_a_summary_after_the_run(classify_runs):
     assert any("WARNING no GPU was used" in line for line in lines)
     shard_log = (run.workdir / "logs" / "infer" / "0.log").read_text()
     assert re.search(r"rows (\d+)/\1 \(100%\), \d+ rows/s, ETA 0 s", shard_log)
+    assert "14 linear layers packed for oneDNN on this CPU" in shard_log  # a CPU's fast path (hf.cpu_linear)
 
 
 @pytest.mark.parametrize("suffix,shards", [(".jsonl", 3), (".csv", 1)])

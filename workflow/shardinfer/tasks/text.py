@@ -44,6 +44,10 @@ class TextTask(Task):
         self.null_as_empty = context.settings.input.null_text == "empty"
         if loaded is not None:  # what is checked of a loaded transformers model (an engine of its own checks its own)
             self.check()
+        if loaded is not None and self.one_pass and context.device.type == "cpu":
+            from shardinfer.hf.cpu_linear import pack_cpu_linears
+
+            pack_cpu_linears(self.model, self.probe_batch())
 
     @classmethod
     def load(cls, context: LoadContext) -> TextTask:
@@ -89,6 +93,17 @@ class TextTask(Task):
 
     def check(self) -> None:
         """Refuse a loaded transformers model that would give meaningless outputs for this task."""
+
+    def probe_batch(self) -> dict[str, Any]:
+        """Two rows of the model's inputs, one padded: what checks the model once it is loaded."""
+        import torch
+
+        ids = self.tokenizer("Check the model on a short text.")["input_ids"]
+        input_ids, mask = pad_batch([ids, ids[: max(len(ids) // 2, 1)]], self.pad_id, self.left)
+        inputs = {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(mask)}
+        if self.with_token_types:
+            inputs["token_type_ids"] = torch.zeros_like(inputs["input_ids"])
+        return inputs
 
     def token_ids(self, first: int, table: pa.Table) -> TokenWindow:
         if self.tokens is not None:
