@@ -3,6 +3,8 @@ gives the same outputs through them, put back exactly as they were otherwise."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 from transformers import BertConfig, BertModel
@@ -52,18 +54,95 @@ class ReadsWeights(torch.nn.Module):
         return (hidden.to(self.bert.pooler.dense.weight.dtype),)
 
 
+def assert_as_loaded(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Torch's own layers with the parameters they had: names, values, requires_grad, usable by autograd."""
+    assert all(type(m) is torch.nn.Linear for m in linears(model))
+    assert dict(model.named_parameters()).keys() == weights.keys()
+    for name, p in model.named_parameters():
+        assert torch.equal(p, weights[name]) and p.requires_grad and not p.is_inference(), name
+
+
 def test_a_model_whose_code_reads_a_layers_weight_keeps_torchs_layers_as_they_were():
     model, inputs = ReadsWeights(), probe()
-    weights = {name: p.clone() for name, p in model.named_parameters()}
+    weights = {name: p.detach().clone() for name, p in model.named_parameters()}
     with torch.inference_mode():
         before = model(**inputs)[0]
     assert pack_cpu_linears(model, inputs) == 0
-    assert all(type(m) is torch.nn.Linear for m in linears(model))
-    assert {name: p for name, p in model.named_parameters()}.keys() == weights.keys()
-    for name, p in model.named_parameters():
-        assert torch.equal(p, weights[name]), name
+    assert_as_loaded(model, weights)
     with torch.inference_mode():
         assert torch.equal(model(**inputs)[0], before)
+    model(**inputs)[0].sum().backward()  # outside inference mode too
+
+
+class Shared(torch.nn.Module):
+    """One layer under two names (tied), and a forward that refuses a batch of more than one row."""
+
+    def __init__(self, reads_weight: bool = False, one_row: bool = False) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(100, 8)
+        self.first = torch.nn.Linear(8, 8)
+        self.second = self.first
+        self.reads_weight, self.one_row = reads_weight, one_row
+
+    def forward(self, input_ids, attention_mask):
+        if self.one_row and len(input_ids) > 1:
+            raise ValueError("one row at a time")
+        hidden = self.second(self.first(self.embed(input_ids)))
+        return (hidden * self.first.weight.sum() if self.reads_weight else hidden,)
+
+
+@pytest.mark.parametrize("reads_weight", [False, True])
+def test_a_layer_two_parents_share_is_packed_once_and_put_back_once(reads_weight):
+    model = Shared(reads_weight)
+    assert pack_cpu_linears(model, probe()) == (0 if reads_weight else 1)
+    assert model.first is model.second
+    assert isinstance(model.first, torch.nn.Linear if reads_weight else PackedLinear)
+
+
+def test_a_probe_the_model_refuses_leaves_it_as_loaded():
+    model = Shared(one_row=True)
+    weights = {name: p.detach().clone() for name, p in model.named_parameters()}
+    assert pack_cpu_linears(model, probe()) == 0
+    assert_as_loaded(model, weights)
+
+
+def test_a_layer_onednn_cannot_pack_puts_back_those_packed_before_it(monkeypatch):
+    model, inputs = tiny_bert(), probe()
+    weights = {name: p.detach().clone() for name, p in model.named_parameters()}
+    built, init = [], PackedLinear.__init__
+
+    def fails_at_the_fifth(self, linear):
+        built.append(linear)
+        if len(built) == 5:
+            raise RuntimeError("could not create a primitive descriptor")
+        init(self, linear)
+
+    monkeypatch.setattr(PackedLinear, "__init__", fails_at_the_fifth)
+    assert pack_cpu_linears(model, inputs) == 0
+    assert_as_loaded(model, weights)
+
+
+@dataclass
+class Hidden:
+    last_hidden_state: torch.Tensor
+
+
+class OwnOutputs(torch.nn.Module):
+    """Remote code's own output class (read by name, as the tasks read it), or one with nothing to compare."""
+
+    def __init__(self, readable: bool) -> None:
+        super().__init__()
+        self.bert, self.readable = tiny_bert(), readable
+
+    def forward(self, **inputs):
+        hidden = self.bert(**inputs).last_hidden_state
+        return Hidden(hidden) if self.readable else {"states": hidden}
+
+
+@pytest.mark.parametrize("readable", [True, False])
+def test_outputs_of_the_models_own_class(readable):
+    model = OwnOutputs(readable)
+    assert pack_cpu_linears(model, probe()) == (13 if readable else 0)
 
 
 def test_outputs_that_move_keep_torchs_layers(monkeypatch):

@@ -7,8 +7,9 @@ nearly all linear layers, so the one-pass tasks (embed, classify, score, token-c
 theirs when they run on a CPU (docs/performance.md has the figures).
 
 The packing is checked on the model itself before it is kept: a short batch through the model
-before and after must agree to float32 rounding, else every layer is put back as it was. That
-covers a torch build without oneDNN's ops and model code that reads a linear layer's `weight`.
+before and after must agree to float32 rounding, else every layer is put back (the same values,
+bias and ties). That covers a torch build whose oneDNN cannot take a layer and model code that
+reads a linear layer's `weight` (T5's feed-forward): such a model runs on torch's layers as before.
 """
 
 from __future__ import annotations
@@ -30,17 +31,19 @@ class PackedLinear(torch.nn.Module):
     def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
-        self.bias = None if linear.bias is None else linear.bias.detach()
+        self.weight_requires_grad = linear.weight.requires_grad
+        with torch.no_grad():
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
+        self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def unpacked(self) -> torch.nn.Linear:
-        linear = torch.nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
-        linear.weight = torch.nn.Parameter(self.packed.to_dense(), requires_grad=False)
-        if self.bias is not None:
-            linear.bias = torch.nn.Parameter(self.bias, requires_grad=False)
+        linear = torch.nn.Linear(self.in_features, self.out_features, bias=False, device="meta")
+        with torch.no_grad():
+            linear.weight = torch.nn.Parameter(self.packed.to_dense(), requires_grad=self.weight_requires_grad)
+        linear.bias = self.bias
         return linear
 
 
@@ -54,14 +57,25 @@ def onednn_linear_available() -> bool:
 
 
 def plain_linears(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str]]:
-    """(parent, name) of every float32 `nn.Linear` itself (not a subclass: a quantized or adapter
-    layer has code of its own)."""
-    return [(parent, name) for parent in model.modules() for name, child in parent.named_children()
-            if type(child) is torch.nn.Linear and child.weight.dtype == torch.float32]
+    """(parent, name) of every float32 `nn.Linear` itself, without hooks (a subclass, such as a
+    quantized or adapter layer, and a hooked layer have code of their own), under each of its names
+    (`named_children()` would give a layer two parents share once)."""
+    return [(parent, name) for parent in model.modules() for name, child in parent._modules.items()
+            if type(child) is torch.nn.Linear and child.weight.dtype == torch.float32
+            and not (child._forward_hooks or child._forward_pre_hooks)]
 
 
-def first_output(outputs: Any) -> torch.Tensor:
-    return outputs[0] if isinstance(outputs, (tuple, list)) or hasattr(outputs, "to_tuple") else outputs
+def first_tensor(outputs: Any) -> torch.Tensor:
+    """The tensor a task reads first from the model's outputs: a ModelOutput's or tuple's first,
+    or its `logits` or `last_hidden_state`."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    if isinstance(outputs, (tuple, list)) or hasattr(outputs, "to_tuple"):
+        return first_tensor(outputs[0])
+    for name in ("logits", "last_hidden_state"):
+        if isinstance(getattr(outputs, name, None), torch.Tensor):
+            return getattr(outputs, name)
+    raise TypeError(f"outputs of type {type(outputs).__name__}")
 
 
 def pack_cpu_linears(model: torch.nn.Module, probe: dict[str, torch.Tensor]) -> int:
@@ -70,28 +84,54 @@ def pack_cpu_linears(model: torch.nn.Module, probe: dict[str, torch.Tensor]) -> 
     where = plain_linears(model)
     if not where or not onednn_linear_available():
         return 0
-    with torch.inference_mode():
-        before = first_output(model(**probe))
-        for parent, name in where:
-            setattr(parent, name, PackedLinear(getattr(parent, name)))
-        fault = packed_fault(model, probe, before)
-        if fault is not None:
-            for parent, name in where:
-                setattr(parent, name, getattr(parent, name).unpacked())
-            log.info("linear layers left to torch on this CPU: %s", fault)
-            return 0
-    log.info("%d linear layers packed for oneDNN on this CPU", len(where))
-    return len(where)
-
-
-def packed_fault(model: torch.nn.Module, probe: dict[str, torch.Tensor], before: torch.Tensor) -> str | None:
-    """Why the packed model may not stand in for torch's, or None."""
+    layers = len({id(getattr(parent, name)) for parent, name in where})
     try:
-        after = first_output(model(**probe))
-    except Exception as error:  # whatever the model's code does with a layer it did not expect
-        return f"{type(error).__name__} in the model's forward pass with them packed"
+        with torch.inference_mode():
+            before = first_tensor(model(**probe))
+    except Exception as error:  # the model as loaded: the task's own batches will say what is wrong
+        log.info("linear layers left to torch on this CPU: the probe batch failed (%s)", error_line(error))
+        return 0
+    fault = packed_fault(model, probe, before, where)
+    if fault is not None:
+        restore(where)
+        log.info("linear layers left to torch on this CPU: %s", fault)
+        return 0
+    log.info("%d linear layers packed for oneDNN on this CPU", layers)
+    return layers
+
+
+def packed_fault(model: torch.nn.Module, probe: dict[str, torch.Tensor], before: torch.Tensor,
+                 where: list[tuple[torch.nn.Module, str]]) -> str | None:
+    """Pack the layers at `where` (one packed layer for a layer two parents share) and say why the
+    packed model may not stand in for torch's, or None."""
+    packed: dict[int, PackedLinear] = {}
+    try:
+        for parent, name in where:
+            linear = getattr(parent, name)
+            if id(linear) not in packed:
+                packed[id(linear)] = PackedLinear(linear)
+            setattr(parent, name, packed[id(linear)])
+        with torch.inference_mode():
+            after = first_tensor(model(**probe))
+    except Exception as error:  # whatever oneDNN or the model's code does with a layer it did not expect
+        return f"{error_line(error)}, with them packed"
     if after.shape != before.shape:
         return f"outputs of shape {tuple(after.shape)} instead of {tuple(before.shape)} with them packed"
     if not torch.allclose(after, before, rtol=RTOL, atol=ATOL, equal_nan=True):
         return f"outputs moved by {(after - before).abs().max().item():.1e} with them packed"
     return None
+
+
+def restore(where: list[tuple[torch.nn.Module, str]]) -> None:
+    """Put torch's layers back where packed ones stand (one layer again for a shared one)."""
+    plain: dict[int, torch.nn.Linear] = {}
+    for parent, name in where:
+        layer = getattr(parent, name)
+        if isinstance(layer, PackedLinear):
+            if id(layer) not in plain:
+                plain[id(layer)] = layer.unpacked()
+            setattr(parent, name, plain[id(layer)])
+
+
+def error_line(error: Exception) -> str:
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"

@@ -95,11 +95,13 @@ class TextTask(Task):
         """Refuse a loaded transformers model that would give meaningless outputs for this task."""
 
     def probe_batch(self) -> dict[str, Any]:
-        """Two rows of the model's inputs, one padded: what checks the model once it is loaded."""
+        """Two rows of the model's inputs, one padded (one where `batch.max_rows` is 1): what checks
+        the model's packed linear layers once it is loaded (`shardinfer.hf.cpu_linear`)."""
         import torch
 
-        ids = self.tokenizer("Check the model on a short text.")["input_ids"]
-        input_ids, mask = pad_batch([ids, ids[: max(len(ids) // 2, 1)]], self.pad_id, self.left)
+        ids = self.tokenizer("Check the model on a short text.")["input_ids"][: self.settings.model.max_length]
+        rows = [ids, ids[: max(len(ids) // 2, 1)]][: self.settings.batch.max_rows]
+        input_ids, mask = pad_batch(rows, self.pad_id, self.left)
         inputs = {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(mask)}
         if self.with_token_types:
             inputs["token_type_ids"] = torch.zeros_like(inputs["input_ids"])
