@@ -9,7 +9,12 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel
 
+from factory import settings_for
+from shardinfer.hf import cpu_linear
 from shardinfer.hf.cpu_linear import PackedLinear, pack_cpu_linears
+from shardinfer.settings.config import BatchSettings, ModelSettings
+from shardinfer.tasks.base import LoadContext
+from shardinfer.tasks.classify import Classify
 
 CONFIG = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 
@@ -158,3 +163,26 @@ def test_layers_not_in_float32_are_left_alone(dtype):
     model = tiny_bert().to(dtype)
     assert pack_cpu_linears(model, probe()) == 0
     assert all(type(m) is torch.nn.Linear for m in linears(model))
+
+
+def load_classifier(path, max_rows: int = 16, max_length: int = 32) -> Classify:
+    model = ModelSettings(path=str(path), adapter=None, task="classify", max_length=max_length, dtype="float32",
+                          trust_remote_code=False, allow_pickle=False)
+    settings = settings_for(model, batch=BatchSettings(max_tokens=256, max_rows=max_rows, sort_window=128))
+    return Classify.load(LoadContext(settings, torch.device("cpu"), torch.float32))
+
+
+def test_a_task_loaded_on_a_cpu_runs_on_packed_layers(models):
+    task = load_classifier(models.classifier)
+    assert sum(isinstance(m, PackedLinear) for m in task.model.modules()) == 14
+    assert not any(type(m) is torch.nn.Linear for m in task.model.modules())
+
+
+@pytest.mark.parametrize("max_rows,max_length", [(1, 32), (16, 4)])
+def test_the_probe_batch_stays_within_the_batch_limits(models, monkeypatch, max_rows, max_length):
+    probes = []
+    monkeypatch.setattr(cpu_linear, "pack_cpu_linears", lambda model, probe: probes.append(probe) or 0)
+    load_classifier(models.classifier, max_rows, max_length)
+    (probe,) = probes
+    rows, width = probe["input_ids"].shape
+    assert rows == min(2, max_rows) and width <= max_length and probe["attention_mask"].shape == (rows, width)
