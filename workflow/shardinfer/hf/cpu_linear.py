@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from shardinfer.core.errors import first_line
+
 log = logging.getLogger(__name__)
 
 # How far the packed model's outputs may move from torch's: float32 sums in another order.
@@ -134,4 +136,4 @@ def restore(where: list[tuple[torch.nn.Module, str]]) -> None:
 
 
 def error_line(error: Exception) -> str:
-    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
+    return f"{type(error).__name__}: {first_line(error)}"

@@ -44,10 +44,10 @@ class TextTask(Task):
         self.null_as_empty = context.settings.input.null_text == "empty"
         if loaded is not None:  # what is checked of a loaded transformers model (an engine of its own checks its own)
             self.check()
-        if loaded is not None and self.one_pass and context.device.type == "cpu":
-            from shardinfer.hf.cpu_linear import pack_cpu_linears
+            if self.one_pass and context.device.type == "cpu":
+                from shardinfer.hf.cpu_linear import pack_cpu_linears
 
-            pack_cpu_linears(self.model, self.probe_batch())
+                pack_cpu_linears(self.model, self.probe_batch())
 
     @classmethod
     def load(cls, context: LoadContext) -> TextTask:
@@ -97,15 +97,10 @@ class TextTask(Task):
     def probe_batch(self) -> dict[str, Any]:
         """Two rows of the model's inputs, one padded (one where `batch.max_rows` is 1): what checks
         the model's packed linear layers once it is loaded (`shardinfer.hf.cpu_linear`)."""
-        import torch
-
         ids = self.tokenizer("Check the model on a short text.")["input_ids"][: self.settings.model.max_length]
         rows = [ids, ids[: max(len(ids) // 2, 1)]][: self.settings.batch.max_rows]
-        input_ids, mask = pad_batch(rows, self.pad_id, self.left)
-        inputs = {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(mask)}
-        if self.with_token_types:
-            inputs["token_type_ids"] = torch.zeros_like(inputs["input_ids"])
-        return inputs
+        lengths = np.array([len(row) for row in rows])
+        return TextTask.collate(self, Window(0, lengths, rows), np.arange(len(rows)))
 
     def token_ids(self, first: int, table: pa.Table) -> TokenWindow:
         if self.tokens is not None:
